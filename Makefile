@@ -1,0 +1,44 @@
+# kvcap developer entry points. `make demo` and `make test` work on a fresh Debian
+# machine with Python 3.11: they create .venv, install the package and run.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+STAMP   = $(VENV)/.installed
+
+.PHONY: install system-deps lint typecheck unit test demo clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian packages the tests use (the real Prometheus server and promtool). Installed
+# only when missing and only when we are root; CI=true makes a missing tool a failure.
+system-deps:
+	@if ! command -v promtool >/dev/null 2>&1 && [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Debian package: prometheus"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	fi
+
+lint: install
+	$(BIN)/ruff check exporter tests benchmarks
+	$(BIN)/ruff format --check exporter tests benchmarks
+
+typecheck: install
+	$(BIN)/mypy
+
+unit: install
+	$(BIN)/python -m pytest
+
+test: install system-deps lint typecheck unit
+
+demo: install
+	$(BIN)/kvcap-exporter demo
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,109 @@
+"""Batch mode: golden-style case records in, one JSON result (or error) per record out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from exporter.capacity.derive import CapacityResult, derive_capacity
+from exporter.capacity.settings import EngineSettings
+from exporter.errors import ConfigError, KvcapError
+
+# The `settings` keys of a case record that map one to one onto EngineSettings.
+_SETTING_KEYS = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "decode_context_parallel_size",
+    "dtype",
+    "kv_cache_dtype",
+    "block_size",
+    "max_model_len",
+    "max_num_batched_tokens",
+    "num_gpu_blocks_override",
+    "enable_prefix_caching",
+    "mamba_cache_dtype",
+    "mamba_ssm_cache_dtype",
+)
+
+
+def settings_from_record(settings: Mapping[str, Any]) -> EngineSettings:
+    values = {key: settings[key] for key in _SETTING_KEYS if settings.get(key) is not None}
+    try:
+        return EngineSettings(**values)
+    except TypeError as error:
+        raise ConfigError(f"invalid settings: {error}") from None
+
+
+def result_to_json(result: CapacityResult) -> dict[str, Any]:
+    """The batch output of one successful record (golden field names)."""
+    return {
+        "num_gpu_blocks": result.num_gpu_blocks,
+        "block_size": result.block_size,
+        "kv_cache_size_tokens": result.kv_cache_size_tokens,
+        "max_concurrency": result.max_concurrency,
+        "max_model_len": result.max_model_len,
+        "max_model_len_before_planning": result.max_model_len_before_planning,
+        "effective_attention_block_size": result.effective_attention_block_size,
+        "bytes_per_block_per_worker": list(result.bytes_per_block_per_worker),
+        "log_lines": list(result.log_lines),
+        "approximate": result.approximate,
+        "family": result.family,
+        "groups": [
+            {
+                "spec_type": group.spec_type,
+                "kind": group.kind,
+                "num_layers": group.num_layers,
+                "block_size": group.block_size,
+                "page_size_bytes": group.page_size_bytes,
+                "blocks_per_request": group.blocks_per_request,
+                "max_memory_usage_bytes_per_request": group.max_memory_usage_bytes_per_request,
+                "sliding_window": group.sliding_window,
+                "attention_chunk_size": group.attention_chunk_size,
+            }
+            for group in result.groups
+        ],
+    }
+
+
+def error_to_json(error: Exception) -> dict[str, Any]:
+    """`type` is the exception vLLM raises in the same case when there is one."""
+    kvcap_type = type(error).__name__
+    vllm_type = getattr(error, "vllm_error_type", None)
+    return {"type": vllm_type or kvcap_type, "kvcap_type": kvcap_type, "message": str(error)}
+
+
+def run_case(record: Any) -> dict[str, Any]:
+    """One record to one output line. Never raises: a bad record becomes an error line."""
+    case_id = record.get("id") if isinstance(record, Mapping) else None
+    try:
+        if not isinstance(record, Mapping):
+            raise ConfigError("a case record must be a JSON object")
+        config, settings = record.get("hf_config"), record.get("settings")
+        if not isinstance(config, Mapping) or not isinstance(settings, Mapping):
+            raise ConfigError("a case record needs `hf_config` and `settings` objects")
+        result = derive_capacity(
+            config,
+            settings_from_record(settings),
+            available_kv_bytes_per_worker=_optional_int(settings, "available_kv_bytes_per_worker"),
+            num_gpu_blocks=_optional_int(settings, "num_gpu_blocks"),
+        )
+    except KvcapError as error:
+        return {"id": case_id, "error": error_to_json(error)}
+    except (ArithmeticError, ValueError, TypeError, KeyError) as error:
+        # Inputs kvcap did not anticipate: still one error line, never a crashed batch.
+        return {"id": case_id, "error": error_to_json(error)}
+    return {"id": case_id, "result": result_to_json(result)}
+
+
+def run_cases(records: Iterable[Any]) -> Iterator[dict[str, Any]]:
+    for record in records:
+        yield run_case(record)
+
+
+def _optional_int(settings: Mapping[str, Any], key: str) -> int | None:
+    value = settings.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"settings.{key} must be an integer, got {value!r}")
+    return value

@@ -1,0 +1,291 @@
+"""The capacity model's entry point: config.json + engine settings -> vLLM's capacity figures."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.capacity import families
+from exporter.capacity.families import BuildContext, MambaLayer, ModelLayout
+from exporter.capacity.grouping import GroupLayer, KvCacheGroup, group_layers
+from exporter.capacity.hf_config import HfConfig
+from exporter.capacity.layer_specs import (
+    base_block_size,
+    build_layer_specs,
+    hybrid_block_sizes,
+    resolve_kv_cache_dtype,
+)
+from exporter.capacity.planning import (
+    auto_fit_failure,
+    blocks_per_request,
+    bytes_per_block_per_stage,
+    check_fits,
+    fit_max_model_len,
+    pipeline_stage_layers,
+)
+from exporter.capacity.settings import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineSettings
+from exporter.capacity.specs import (
+    FullAttentionSpec,
+    KvCacheSpec,
+    MambaCacheMode,
+    MambaSpec,
+    RequestLimits,
+)
+from exporter.errors import (
+    CapacityError,
+    ConfigError,
+    UnsupportedArchitecture,
+    UnsupportedConfiguration,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerKvSpec:
+    """One layer's spec as worker 0 of its pipeline stage reports it."""
+
+    name: str
+    spec: KvCacheSpec
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCapacity:
+    """One KV cache group as the scheduler of worker 0 sees it."""
+
+    kind: str
+    spec_type: str
+    num_layers: int
+    layer_names: tuple[str, ...]
+    block_size: int
+    page_size_bytes: int
+    blocks_per_request: int
+    max_memory_usage_bytes_per_request: int
+    sliding_window: int | None
+    attention_chunk_size: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityResult:
+    """Everything vLLM decides about one engine's KV cache, re-derived."""
+
+    architecture: str
+    family: str
+    approximate: bool
+    kv_cache_dtype: str
+    mamba_cache_mode: MambaCacheMode
+    layer_specs: tuple[LayerKvSpec, ...]
+    groups: tuple[GroupCapacity, ...]
+    bytes_per_block_per_worker: tuple[int, ...]
+    num_gpu_blocks: int
+    block_size: int
+    effective_attention_block_size: int | None
+    max_model_len_before_planning: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    kv_cache_size_tokens: int
+    max_concurrency: float
+
+    @property
+    def log_lines(self) -> tuple[str, str]:
+        """vLLM's two startup log lines, formatted the way vLLM formats them."""
+        return (
+            f"GPU KV cache size: {self.kv_cache_size_tokens:,} tokens",
+            f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
+            f"{self.max_concurrency:.2f}x",
+        )
+
+    @property
+    def blocks_per_request(self) -> int:
+        return sum(group.blocks_per_request for group in self.groups)
+
+
+def derive_capacity(
+    config: Mapping[str, Any],
+    settings: EngineSettings,
+    *,
+    available_kv_bytes_per_worker: int | None = None,
+    num_gpu_blocks: int | None = None,
+) -> CapacityResult:
+    """Re-derive vLLM 0.33's KV cache plan for one engine (one data-parallel rank).
+
+    Give either the KV cache memory of each worker (what vLLM's profiler leaves for the
+    cache) or the engine's known block count. Raises `DoesNotFit` where vLLM refuses to
+    start, `UnsupportedArchitecture` / `UnsupportedConfiguration` where it cannot be derived.
+    """
+    if (available_kv_bytes_per_worker is None) == (num_gpu_blocks is None):
+        raise ConfigError("give exactly one of available_kv_bytes_per_worker and num_gpu_blocks")
+    hf = HfConfig(config)
+    _check_parallel_sizes(hf, settings)
+
+    derived_len = hf.default_max_model_len()
+    max_model_len = _resolve_max_model_len(hf, settings)
+    layout, family_name = _layout(hf, settings)
+    prefix_caching = settings.enable_prefix_caching is not False
+    has_mamba = any(isinstance(layer, MambaLayer) for layer in layout.layers)
+    mode: MambaCacheMode = "align" if prefix_caching and has_mamba else "none"
+
+    model_dtype = hf.model_dtype(settings.dtype)
+    kv = resolve_kv_cache_dtype(settings.kv_cache_dtype, hf, model_dtype)
+    sizes = hybrid_block_sizes(
+        layout,
+        hf,
+        settings,
+        kv,
+        block_size=base_block_size(layout, settings, kv),
+        mamba_cache_mode=mode,
+        max_model_len=max_model_len,
+    )
+    specs = build_layer_specs(layout, kv, sizes, mode)
+    groups = group_layers(
+        [GroupLayer(layer.name, layer.decoder_index, spec) for layer, spec in specs]
+    )
+    if not groups:
+        raise CapacityError(f"{hf.architecture} has no KV cache (attention-free model)")
+
+    pp = settings.pipeline_parallel_size
+    stages = pipeline_stage_layers(layout.num_decoder_layers, pp)
+    stage_bytes = bytes_per_block_per_stage(groups, stages)
+    worker_bytes = [stage_bytes[s] for s in range(pp) for _ in range(settings.tensor_parallel_size)]
+    batched_tokens = settings.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+    def limits(length: int) -> RequestLimits:
+        return RequestLimits(
+            max_model_len=length,
+            # V2 model runner with async scheduling: PP + 1 batches can be in flight.
+            in_flight_tokens=(pp + 1) * batched_tokens,
+            decode_context_parallel_size=settings.decode_context_parallel_size,
+            mamba_cache_mode=mode,
+        )
+
+    def needed(bytes_per_block: int) -> Callable[[int], int]:
+        return lambda length: bytes_per_block * blocks_per_request(groups, limits(length))
+
+    fixed_blocks = settings.num_gpu_blocks_override or num_gpu_blocks
+    workers = [
+        (bpb, fixed_blocks * bpb if fixed_blocks else available_kv_bytes_per_worker or 0)
+        for bpb in worker_bytes
+        if bpb > 0
+    ]
+    if settings.auto_fit_max_model_len:
+        max_model_len = min(
+            fit_max_model_len(needed(bpb), available - bpb, derived_len) for bpb, available in workers
+        )
+        if max_model_len == 0:
+            raise auto_fit_failure()
+    for bpb, available in workers:
+        check_fits(
+            max_model_len=max_model_len,
+            bytes_per_block=bpb,
+            available_bytes=available,
+            needed_bytes=needed(bpb),
+        )
+
+    num_blocks = min(available // bpb for bpb, available in workers)
+    request_limits = limits(max_model_len)
+    per_request = blocks_per_request(groups, request_limits)
+    concurrency = num_blocks / per_request
+    return CapacityResult(
+        architecture=hf.architecture,
+        family=family_name,
+        approximate=layout.approximate,
+        kv_cache_dtype=kv.name,
+        mamba_cache_mode=mode,
+        layer_specs=tuple(LayerKvSpec(layer.name, spec) for layer, spec in specs),
+        groups=tuple(_describe(group, stages[0], request_limits) for group in groups),
+        bytes_per_block_per_worker=tuple(worker_bytes),
+        num_gpu_blocks=num_blocks,
+        block_size=_scheduler_block_size(groups, mode),
+        effective_attention_block_size=_effective_attention_block_size(groups, settings),
+        max_model_len_before_planning=(
+            derived_len if settings.auto_fit_max_model_len else max_model_len
+        ),
+        max_model_len=max_model_len,
+        max_num_batched_tokens=batched_tokens,
+        kv_cache_size_tokens=int(concurrency * max_model_len),
+        max_concurrency=concurrency,
+    )
+
+
+def _check_parallel_sizes(hf: HfConfig, settings: EngineSettings) -> None:
+    tp = settings.tensor_parallel_size
+    heads = hf.num_attention_heads if hf.has("num_attention_heads") else None
+    if heads is not None and heads % tp:
+        raise UnsupportedConfiguration(
+            f"Total number of attention heads ({heads}) must be divisible by tensor parallel "
+            f"size ({tp})."
+        )
+    if hf.has("num_hidden_layers") and settings.pipeline_parallel_size > hf.num_hidden_layers:
+        raise UnsupportedConfiguration(
+            f"pipeline parallel size ({settings.pipeline_parallel_size}) is larger than the "
+            f"number of layers ({hf.num_hidden_layers})"
+        )
+
+
+def _resolve_max_model_len(hf: HfConfig, settings: EngineSettings) -> int:
+    requested = settings.max_model_len
+    if requested is None or requested == -1:
+        return hf.default_max_model_len()
+    if not hf.allows_max_model_len(requested):
+        raise UnsupportedConfiguration(
+            f"User-specified max_model_len ({requested}) is greater than the derived "
+            f"max_model_len ({hf.derived_max_model_len()}) in model's config.json. To allow "
+            "overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."
+        )
+    return requested
+
+
+def _layout(hf: HfConfig, settings: EngineSettings) -> tuple[ModelLayout, str]:
+    family = families.lookup(hf.architecture)
+    model_dtype = hf.model_dtype(settings.dtype)
+    ctx = BuildContext(
+        settings=settings,
+        model_dtype=model_dtype,
+        mamba_conv_dtype=(
+            model_dtype if settings.mamba_cache_dtype == "auto" else settings.mamba_cache_dtype
+        ),
+        mamba_ssm_dtype_setting=settings.mamba_ssm_cache_dtype,
+        prefix_caching=settings.enable_prefix_caching is not False,
+    )
+    if family is not None:
+        return family.build(hf, ctx), family.name
+    try:
+        return families.generic(hf, ctx), "generic"
+    except UnsupportedArchitecture as error:
+        supported = ", ".join(
+            f"{name} ({', '.join(archs)})" for name, archs in families.supported_families().items()
+        )
+        raise UnsupportedArchitecture(f"{error}. Supported families: {supported}") from None
+
+
+def _describe(group: KvCacheGroup, first_stage: range, limits: RequestLimits) -> GroupCapacity:
+    spec = group.spec
+    names = tuple(layer.name for layer in group.layers if layer.decoder_index in first_stage)
+    return GroupCapacity(
+        kind=spec.kind,
+        spec_type=spec.spec_type,
+        num_layers=len(names),
+        layer_names=names,
+        block_size=spec.block_size,
+        page_size_bytes=spec.page_size_bytes,
+        blocks_per_request=group.blocks_per_request(limits),
+        max_memory_usage_bytes_per_request=group.max_memory_usage_bytes(limits),
+        sliding_window=getattr(spec, "sliding_window", None),
+        attention_chunk_size=getattr(spec, "attention_chunk_size", None),
+    )
+
+
+def _scheduler_block_size(groups: list[KvCacheGroup], mode: MambaCacheMode) -> int:
+    """The smallest block size among prefix-cacheable groups (cache_config.block_size)."""
+    sizes = [
+        g.spec.block_size for g in groups if not isinstance(g.spec, MambaSpec) or mode == "align"
+    ]
+    return min(sizes) if sizes else groups[0].spec.block_size
+
+
+def _effective_attention_block_size(
+    groups: list[KvCacheGroup], settings: EngineSettings
+) -> int | None:
+    for group in groups:
+        if isinstance(group.spec, FullAttentionSpec):
+            return group.spec.block_size * settings.decode_context_parallel_size
+    return None

@@ -1,0 +1,219 @@
+"""Typed, read-only access to a Hugging Face `config.json` the way vLLM reads it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from exporter.errors import ConfigError
+
+# Keys vLLM looks at to derive the model's maximum length; the smallest one wins
+# (config/model.py: _get_and_verify_max_len).
+_MAX_LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+# Used by vLLM when none of the keys above is present.
+_DEFAULT_MAX_MODEL_LEN = 2048
+
+# Rope types whose factor does not stretch the context (vLLM leaves the length alone).
+# YaRN variants already have the stretched length in max_position_embeddings.
+_ROPE_TYPES_WITHOUT_STRETCH = frozenset(
+    {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
+)
+
+# Model types that vLLM serves with multi-head latent attention when kv_lora_rank is set
+# (ModelConfig.is_deepseek_mla).
+_MLA_MODEL_TYPES = frozenset(
+    {"deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "kimi_k2", "kimi_linear",
+     "longcat_flash", "glm4_moe_lite", "pangu_ultra_moe"}
+)
+
+
+class HfConfig:
+    """A model's config.json. Multimodal configs are read through their `text_config`.
+
+    Getters return Python values and raise `ConfigError` naming the field when a
+    required one is missing or has the wrong type, so bad input never becomes a number.
+    """
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        if not isinstance(raw, Mapping):
+            raise ConfigError("config.json must be a JSON object")
+        self.raw = raw
+        text = raw.get("text_config")
+        self.text: Mapping[str, Any] = text if isinstance(text, Mapping) else raw
+
+    @property
+    def architecture(self) -> str:
+        archs = self.raw.get("architectures")
+        if isinstance(archs, list) and archs and isinstance(archs[0], str):
+            return archs[0]
+        raise ConfigError("config.json has no `architectures` list")
+
+    @property
+    def model_type(self) -> str:
+        value = self.text.get("model_type", self.raw.get("model_type", ""))
+        return value if isinstance(value, str) else ""
+
+    def has(self, key: str) -> bool:
+        return self.text.get(key) is not None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.text.get(key)
+        return default if value is None else value
+
+    def int(self, key: str, default: int | None = None) -> int:
+        value = self.text.get(key)
+        if value is None:
+            if default is None:
+                raise ConfigError(f"config.json is missing the integer field `{key}`")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+            raise ConfigError(f"config.json field `{key}` must be an integer, got {value!r}")
+        return int(value)
+
+    def optional_int(self, key: str) -> int | None:
+        return self.int(key) if self.has(key) else None
+
+    def float(self, key: str, default: float | None = None) -> float:
+        value = self.text.get(key)
+        if value is None:
+            if default is None:
+                raise ConfigError(f"config.json is missing the number field `{key}`")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"config.json field `{key}` must be a number, got {value!r}")
+        return float(value)
+
+    def str_list(self, key: str) -> list[str] | None:
+        value = self.text.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"config.json field `{key}` must be a list of strings")
+        return list(value)
+
+    def int_list(self, key: str) -> list[int] | None:
+        value = self.text.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            raise ConfigError(f"config.json field `{key}` must be a list of integers")
+        return list(value)
+
+    # --- vLLM's generic readings (ModelConfig) -------------------------------------
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return self.int("num_hidden_layers")
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.int("num_attention_heads")
+
+    @property
+    def is_mla(self) -> bool:
+        return self.model_type in _MLA_MODEL_TYPES and self.has("kv_lora_rank")
+
+    def head_size(self) -> int:
+        """ModelConfig.get_head_size: the head size vLLM assumes for the whole model."""
+        if self.is_mla:
+            return self.int("kv_lora_rank") + self.int("qk_rope_head_dim")
+        if self.model_type == "zamba2":
+            return self.int("attention_head_dim")
+        head_dim = self.get("head_dim")
+        if isinstance(head_dim, int) and head_dim > 0:
+            return head_dim
+        if self.has("hidden_size_per_head"):
+            return self.int("hidden_size_per_head")
+        return self.int("hidden_size") // self.num_attention_heads
+
+    def total_num_kv_heads(self) -> int:
+        """ModelConfig.get_total_num_kv_heads (1 for MLA: one latent per token)."""
+        if self.is_mla:
+            return 1
+        for key in ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num"):
+            if self.has(key):
+                return self.int(key)
+        return self.num_attention_heads
+
+    def num_kv_heads_per_rank(self, tensor_parallel_size: int) -> int:
+        """KV heads one TP rank stores; heads are replicated when there are fewer than ranks."""
+        return max(1, self.total_num_kv_heads() // tensor_parallel_size)
+
+    def model_dtype(self, requested: str) -> str:
+        """vLLM's `--dtype auto` on a CUDA GPU: the checkpoint dtype, fp32 downcast to bf16."""
+        if requested not in ("auto", ""):
+            return {"half": "float16", "float": "float32"}.get(requested, requested)
+        value = self.get("torch_dtype", self.raw.get("torch_dtype")) or self.get(
+            "dtype", self.raw.get("dtype")
+        )
+        name = value.removeprefix("torch.") if isinstance(value, str) else "float32"
+        if name in ("float32", "float"):
+            return "bfloat16"
+        return name
+
+    def rope_parameters(self) -> list[Mapping[str, Any]]:
+        """RoPE settings, one dict per layer type when they are nested (transformers 5)."""
+        rope = self.text.get("rope_scaling") or self.text.get("rope_parameters")
+        if not isinstance(rope, Mapping) or not rope:
+            return []
+        nested = [value for value in rope.values() if isinstance(value, Mapping) and value]
+        return nested or [rope]
+
+    @staticmethod
+    def _rope_type(rope: Mapping[str, Any]) -> str:
+        return str(rope.get("rope_type", rope.get("type", "default")))
+
+    def derived_max_model_len(self) -> int:
+        """The model's own maximum length, the ceiling for `--max-model-len`."""
+        derived = math.inf
+        for key in _MAX_LENGTH_KEYS:
+            value = self.text.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                derived = min(derived, value)
+        # Command-R / Cohere models state their usable length explicitly.
+        model_max_length = self.text.get("model_max_length")
+        if isinstance(model_max_length, int) and model_max_length:
+            derived = model_max_length
+        if derived == math.inf:
+            derived = _DEFAULT_MAX_MODEL_LEN
+        # Gemma 3's 128K is already scaled by its RoPE factor; vLLM does not scale it again.
+        if "gemma3" not in self.model_type:
+            factor: Any = 1.0
+            for rope in self.rope_parameters():
+                if self._rope_type(rope) not in _ROPE_TYPES_WITHOUT_STRETCH:
+                    factor = rope.get("factor", factor)
+            derived = derived * (1.0 if factor is None else factor)
+        return int(derived)
+
+    def default_max_model_len(self) -> int:
+        """The length vLLM serves when `--max-model-len` is not given (or is -1, before auto-fit).
+
+        LongRoPE models (Phi-3-128k, Phi-4-mini) default to their pre-training length.
+        """
+        if any(self._rope_type(rope) == "longrope" for rope in self.rope_parameters()):
+            original = self.text.get("original_max_position_embeddings")
+            if original is None and self.model_type == "phi3":
+                original = 4096  # transformers' Phi3Config default
+            if isinstance(original, int | float) and not isinstance(original, bool):
+                return int(original)
+        return self.derived_max_model_len()
+
+    def allows_max_model_len(self, requested: int) -> bool:
+        """vLLM accepts a longer `--max-model-len` only up to `model_max_length`."""
+        if requested <= self.derived_max_model_len():
+            return True
+        model_max_length = self.text.get("model_max_length")
+        return isinstance(model_max_length, int) and requested <= model_max_length

@@ -1,0 +1,227 @@
+"""Turn a family's layers into per-layer KV cache specs: KV dtype, block size, hybrid alignment."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from exporter.capacity.families import AttentionLayer, MambaLayer, ModelLayout
+from exporter.capacity.hf_config import HfConfig
+from exporter.capacity.settings import (
+    DEFAULT_BLOCK_SIZE,
+    FP8_KV_CACHE_DTYPES,
+    NVFP4_KV_CACHE_DTYPES,
+    PER_TOKEN_HEAD_KV_CACHE_DTYPES,
+    EngineSettings,
+    dtype_bytes,
+)
+from exporter.capacity.specs import (
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KvCacheSpec,
+    MambaCacheMode,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+    cdiv,
+)
+from exporter.errors import ConfigError
+
+# FlashAttention (and Triton) take any multiple of 16 tokens per block.
+_ATTENTION_KERNEL_BLOCK = 16
+# FlashMLA, vLLM's first choice for an fp8 latent cache on Hopper, only takes 64.
+_FLASHMLA_BLOCK = 64
+# vLLM raises the block size of MLA + Mamba hybrids to a multiple of 128.
+_MLA_HYBRID_MIN_BLOCK = 128
+# Bytes per token of DeepSeek's packed latent formats (value + scales).
+_MLA_PACKED_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
+# Per-token-head quantization adds one fp32 scale each for K and V.
+_PER_TOKEN_HEAD_SCALE_BYTES = 2 * 4
+
+
+@dataclass(frozen=True, slots=True)
+class KvCacheDtype:
+    """The resolved `--kv-cache-dtype`: its name and storage bytes per element."""
+
+    name: str
+    element_bytes: int
+
+    @property
+    def quantized(self) -> bool:
+        return (
+            self.name in FP8_KV_CACHE_DTYPES
+            or self.name in PER_TOKEN_HEAD_KV_CACHE_DTYPES
+            or self.name in NVFP4_KV_CACHE_DTYPES
+            or self.name == "nvfp4_ds_mla"
+        )
+
+
+def resolve_kv_cache_dtype(requested: str, hf: HfConfig, model_dtype: str) -> KvCacheDtype:
+    """`auto` means the model dtype, unless the checkpoint declares a quantized KV cache."""
+    name = requested
+    if name == "auto":
+        quant = hf.raw.get("quantization_config")
+        if isinstance(quant, dict):
+            algo = str(quant.get("kv_cache_quant_algo") or "").upper()
+            if algo == "FP8":
+                name = "fp8_e4m3"
+            elif algo == "NVFP4":
+                name = "nvfp4"
+            elif quant.get("kv_cache_scheme"):
+                name = "fp8"
+    if name == "auto":
+        return KvCacheDtype(model_dtype, dtype_bytes(model_dtype))
+    if (
+        name in FP8_KV_CACHE_DTYPES
+        or name in PER_TOKEN_HEAD_KV_CACHE_DTYPES
+        or name in NVFP4_KV_CACHE_DTYPES
+        or name == "nvfp4_ds_mla"
+    ):
+        return KvCacheDtype(name, 1)
+    if name in ("float16", "half", "bfloat16", "float32", "float"):
+        return KvCacheDtype(name, dtype_bytes(name))
+    raise ConfigError(f"unsupported --kv-cache-dtype {requested!r}")
+
+
+def attention_spec(layer: AttentionLayer, block_size: int, kv: KvCacheDtype) -> AttentionSpec:
+    """The spec one attention layer reports, after the backend's page customisation."""
+    head = layer.head_size
+    if layer.mla:
+        content: int | None = _MLA_PACKED_BYTES.get(kv.name)
+        if kv.name in PER_TOKEN_HEAD_KV_CACHE_DTYPES:
+            content = head * kv.element_bytes + _PER_TOKEN_HEAD_SCALE_BYTES
+        return MLAAttentionSpec(
+            block_size=block_size,
+            num_kv_heads=1,
+            head_size=head,
+            head_size_v=0,
+            dtype_bytes=kv.element_bytes,
+            state_content_bytes=content,
+        )
+    content = None
+    slots = None
+    if kv.name in PER_TOKEN_HEAD_KV_CACHE_DTYPES:
+        packed = head // 2 if kv.name == "int4_per_token_head" else head
+        content = 2 * packed * kv.element_bytes + _PER_TOKEN_HEAD_SCALE_BYTES
+    elif kv.name in NVFP4_KV_CACHE_DTYPES:
+        # Packed fp4 values plus one fp8 scale per 16 values, K and V in separate slots.
+        slots = 2 * layer.num_kv_heads
+        content = head // 2 + head // 16
+    common = {
+        "block_size": block_size,
+        "num_kv_heads": layer.num_kv_heads,
+        "head_size": head,
+        "head_size_v": head,
+        "dtype_bytes": kv.element_bytes,
+        "state_content_bytes": content,
+        "num_head_slots": slots,
+    }
+    if layer.sliding_window is not None:
+        return SlidingWindowSpec(sliding_window=layer.sliding_window, **common)  # type: ignore[arg-type]
+    if layer.attention_chunk_size is not None:
+        return ChunkedLocalAttentionSpec(
+            attention_chunk_size=layer.attention_chunk_size,
+            **common,  # type: ignore[arg-type]
+        )
+    return FullAttentionSpec(**common)  # type: ignore[arg-type]
+
+
+def base_block_size(layout: ModelLayout, settings: EngineSettings, kv: KvCacheDtype) -> int:
+    """`--block-size`, else the smallest size every chosen attention backend accepts."""
+    if settings.block_size is not None:
+        return settings.block_size
+    has_mla = any(isinstance(layer, AttentionLayer) and layer.mla for layer in layout.layers)
+    if has_mla and kv.quantized:
+        return _FLASHMLA_BLOCK
+    return DEFAULT_BLOCK_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSizes:
+    attention: int
+    mamba: int
+    # The Mamba page, padded up to the attention page so both share one block pool.
+    mamba_page_padded: int | None
+
+
+def hybrid_block_sizes(
+    layout: ModelLayout,
+    hf: HfConfig,
+    settings: EngineSettings,
+    kv: KvCacheDtype,
+    *,
+    block_size: int,
+    mamba_cache_mode: MambaCacheMode,
+    max_model_len: int,
+) -> BlockSizes:
+    """Raise the attention block until one attention page holds a whole Mamba state.
+
+    vLLM does this for hybrid model classes before building specs
+    (platforms/interface.py: _align_hybrid_block_size), using the model-wide KV head
+    count and head size, so every layer ends up with one page size.
+    """
+    mamba_layers = [layer for layer in layout.layers if isinstance(layer, MambaLayer)]
+    mamba_block = block_size if mamba_cache_mode == "align" else max_model_len
+    if not layout.is_hybrid or not mamba_layers:
+        return BlockSizes(block_size, mamba_block, None)
+    is_mla = any(isinstance(layer, AttentionLayer) and layer.mla for layer in layout.layers)
+    probe = AttentionLayer(
+        name="probe",
+        decoder_index=0,
+        num_kv_heads=1 if is_mla else hf.num_kv_heads_per_rank(settings.tensor_parallel_size),
+        head_size=hf.head_size(),
+        mla=is_mla,
+    )
+    attention_bytes_per_token = attention_spec(probe, 1, kv).page_size_bytes
+    mamba_page = max(_mamba_state_bytes(layer) for layer in mamba_layers)
+    if mamba_page == 0:
+        return BlockSizes(block_size, mamba_block, None)
+    unit = max(_ATTENTION_KERNEL_BLOCK, block_size)
+    if is_mla:
+        unit = max(unit, _MLA_HYBRID_MIN_BLOCK)
+    if mamba_cache_mode == "align":
+        for layer in mamba_layers:
+            unit = math.lcm(unit, layer.checkpoint_alignment)
+    aligned = unit * cdiv(mamba_page, unit * attention_bytes_per_token)
+    aligned = _ATTENTION_KERNEL_BLOCK * cdiv(aligned, _ATTENTION_KERNEL_BLOCK)
+    block = max(block_size, aligned)
+    padded_page = block * attention_bytes_per_token
+    return BlockSizes(
+        attention=block,
+        mamba=block if mamba_cache_mode == "align" else max_model_len,
+        mamba_page_padded=padded_page if padded_page != mamba_page else None,
+    )
+
+
+def _mamba_state_bytes(layer: MambaLayer) -> int:
+    return _mamba_spec(layer, block_size=1, padded=None, mode="none").state_bytes
+
+
+def _mamba_spec(
+    layer: MambaLayer, *, block_size: int, padded: int | None, mode: MambaCacheMode
+) -> MambaSpec:
+    return MambaSpec(
+        block_size=block_size,
+        shapes=layer.shapes,
+        dtype_bytes=tuple(dtype_bytes(d) for d in layer.dtypes),
+        mamba_type=layer.mamba_type,
+        prefill_checkpoint_blocks=1 if layer.exports_prefill_checkpoint and mode == "align" else 0,
+        page_size_padded=padded,
+    )
+
+
+def build_layer_specs(
+    layout: ModelLayout, kv: KvCacheDtype, sizes: BlockSizes, mode: MambaCacheMode
+) -> list[tuple[AttentionLayer | MambaLayer, KvCacheSpec]]:
+    """Each cache-holding layer with the spec it reports, in model order."""
+    specs: list[tuple[AttentionLayer | MambaLayer, KvCacheSpec]] = []
+    for layer in layout.layers:
+        if isinstance(layer, AttentionLayer):
+            specs.append((layer, attention_spec(layer, sizes.attention, kv)))
+        else:
+            spec = _mamba_spec(
+                layer, block_size=sizes.mamba, padded=sizes.mamba_page_padded, mode=mode
+            )
+            specs.append((layer, spec))
+    return specs

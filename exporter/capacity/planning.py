@@ -1,0 +1,105 @@
+"""Blocks per worker, the startup memory check, max_model_len auto-fit and the capacity figures."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from exporter.capacity.grouping import KvCacheGroup
+from exporter.capacity.specs import RequestLimits
+from exporter.errors import DoesNotFit
+
+_DOCS = "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+
+
+def pipeline_stage_layers(num_layers: int, pp: int) -> list[range]:
+    """Decoder layers of each PP stage; leftovers go to the stages before the last one."""
+    sizes = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        sizes[-i] += 1
+    stages, start = [], 0
+    for size in sizes:
+        stages.append(range(start, start + size))
+        start += size
+    return stages
+
+
+def bytes_per_block_per_stage(
+    groups: Sequence[KvCacheGroup], stages: Sequence[range]
+) -> list[int]:
+    """Bytes one block id takes on a worker of each stage: the fullest group decides,
+    because all groups carve the same block ids out of one allocation."""
+    return [
+        max(
+            (
+                sum(layer.spec.page_size_bytes for layer in group.layers if layer.decoder_index in stage)
+                for group in groups
+            ),
+            default=0,
+        )
+        for stage in stages
+    ]
+
+
+def blocks_per_request(groups: Sequence[KvCacheGroup], limits: RequestLimits) -> int:
+    return sum(group.blocks_per_request(limits) for group in groups)
+
+
+def _gib(num_bytes: int) -> str:
+    # vLLM prints str(round(bytes / GiB, 2)): "16.0", "10.72".
+    return str(round(num_bytes / 2**30, 2))
+
+
+def fit_max_model_len(
+    needed_bytes: Callable[[int], int], available_bytes: int, upper: int
+) -> int:
+    """The largest length in [1, upper] whose KV need fits, or 0 when not even 1 fits."""
+    if needed_bytes(1) > available_bytes:
+        return 0
+    low, high = 1, upper
+    while low < high:
+        mid = (low + high + 1) // 2
+        if needed_bytes(mid) <= available_bytes:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def check_fits(
+    *,
+    max_model_len: int,
+    bytes_per_block: int,
+    available_bytes: int,
+    needed_bytes: Callable[[int], int],
+) -> None:
+    """vLLM's startup check on one worker; the null block is held back from the pool."""
+    usable = available_bytes - bytes_per_block
+    if usable <= 0:
+        raise DoesNotFit(
+            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+            "when initializing the engine (this flag also controls CPU memory reservation on "
+            f"the CPU backend, despite its name). {_DOCS}"
+        )
+    needed = needed_bytes(max_model_len)
+    if needed <= usable:
+        return
+    estimate = fit_max_model_len(needed_bytes, usable, max_model_len)
+    hint = (
+        f"Based on the available memory, the estimated maximum model length is {estimate}. "
+        if estimate > 0
+        else ""
+    )
+    raise DoesNotFit(
+        f"To serve at least one request with the model's max seq len ({max_model_len}), "
+        f"({_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache "
+        f"memory ({_gib(usable)} GiB). {hint}Try increasing `gpu_memory_utilization` (which "
+        "also controls CPU memory on the CPU backend) or decreasing `max_model_len` when "
+        f"initializing the engine. {_DOCS}"
+    )
+
+
+def auto_fit_failure() -> DoesNotFit:
+    return DoesNotFit(
+        "Cannot auto-fit max_model_len: not enough GPU memory available to serve even a "
+        "single token. Try increasing `gpu_memory_utilization`."
+    )

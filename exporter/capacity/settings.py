@@ -1,0 +1,91 @@
+"""Engine settings (the `vllm serve` flags that change KV capacity) and dtype sizes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.errors import ConfigError
+
+# vLLM's default `--max-num-batched-tokens` for `vllm serve` on an H100/H200-class GPU
+# (70 to 160 GiB, not an A100): engine/arg_utils.py get_batch_defaults.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+# vLLM's default `--block-size` before any backend or hybrid adjustment.
+DEFAULT_BLOCK_SIZE = 16
+
+# Bytes per element of the dtypes that appear in model configs and vLLM flags.
+DTYPE_BYTES: dict[str, int] = {
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float": 4,
+    "float64": 8,
+    "int8": 1,
+    "uint8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+
+# `--kv-cache-dtype` values whose storage is one byte per element with per-tensor scales
+# (no extra bytes in the page).
+FP8_KV_CACHE_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"})
+
+# Per-token-head quantized KV caches store one fp32 scale per token and head for K and V.
+PER_TOKEN_HEAD_KV_CACHE_DTYPES = frozenset(
+    {"int8_per_token_head", "fp8_per_token_head", "int4_per_token_head"}
+)
+NVFP4_KV_CACHE_DTYPES = frozenset({"nvfp4", "nvfp4_4over6"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineSettings:
+    """The engine settings that decide KV capacity, named as `vllm serve` names them.
+
+    `None` means "not given": vLLM 0.33's default applies (for an H100-class GPU).
+    `max_model_len=-1` asks for vLLM's auto-fit to the available memory.
+    """
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    decode_context_parallel_size: int = 1
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    block_size: int | None = None
+    max_model_len: int | None = None
+    max_num_batched_tokens: int | None = None
+    num_gpu_blocks_override: int | None = None
+    enable_prefix_caching: bool | None = None
+    mamba_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "decode_context_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("block_size", "max_num_batched_tokens", "num_gpu_blocks_override"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value}")
+        if self.max_model_len is not None and self.max_model_len < 1 and self.max_model_len != -1:
+            raise ConfigError(
+                f"max_model_len must be a positive integer or -1 (auto-fit), got {self.max_model_len}"
+            )
+
+    @property
+    def world_size(self) -> int:
+        """Workers of one engine: every TP rank of every PP stage."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def auto_fit_max_model_len(self) -> bool:
+        return self.max_model_len == -1
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a torch-style dtype name ("bfloat16", "torch.float32")."""
+    name = dtype.removeprefix("torch.")
+    try:
+        return DTYPE_BYTES[name]
+    except KeyError:
+        raise ConfigError(f"unknown dtype {dtype!r}") from None
