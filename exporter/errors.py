@@ -39,6 +39,37 @@ class UnsupportedConfiguration(CapacityError):
 
 
 class DoesNotFit(CapacityError):
-    """vLLM's startup check fails: the KV cache cannot hold one full-length request."""
+    """vLLM's startup check fails: the KV cache cannot hold one full-length request.
+
+    The message is vLLM's own text; `summary` says the same in plain words.
+    """
 
     vllm_error_type = "ValueError"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        max_model_len: int | None = None,
+        needed_bytes: int | None = None,
+        available_bytes: int | None = None,
+        estimated_max_model_len: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.max_model_len = max_model_len
+        self.needed_bytes = needed_bytes
+        self.available_bytes = available_bytes
+        self.estimated_max_model_len = estimated_max_model_len
+
+    @property
+    def summary(self) -> str:
+        if self.needed_bytes is None or self.available_bytes is None:
+            return "vLLM would refuse to start: the KV cache cannot hold one request"
+        text = (
+            f"vLLM would refuse to start: one request of {self.max_model_len} tokens needs "
+            f"{self.needed_bytes / 2**30:.2f} GiB of KV cache per worker, but only "
+            f"{max(self.available_bytes, 0) / 2**30:.2f} GiB is available"
+        )
+        if self.estimated_max_model_len:
+            text += f"; the longest max_model_len that fits is {self.estimated_max_model_len}"
+        return text

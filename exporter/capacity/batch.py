@@ -27,11 +27,22 @@ _SETTING_KEYS = (
 
 
 def settings_from_record(settings: Mapping[str, Any]) -> EngineSettings:
-    values = {key: settings[key] for key in _SETTING_KEYS if settings.get(key) is not None}
-    try:
-        return EngineSettings(**values)
-    except TypeError as error:
-        raise ConfigError(f"invalid settings: {error}") from None
+    """EngineSettings from a record's `settings`; `null` means vLLM's default."""
+    values: dict[str, Any] = {}
+    for key in _SETTING_KEYS:
+        value = settings.get(key)
+        if value is None:
+            continue
+        expected = type(getattr(_DEFAULTS, key) if getattr(_DEFAULTS, key) is not None else 0)
+        if key == "enable_prefix_caching":
+            expected = bool
+        if type(value) is not expected:
+            raise ConfigError(f"settings.{key} must be {expected.__name__}, got {value!r}")
+        values[key] = value
+    return EngineSettings(**values)
+
+
+_DEFAULTS = EngineSettings()
 
 
 def result_to_json(result: CapacityResult) -> dict[str, Any]:

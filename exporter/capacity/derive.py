@@ -168,7 +168,8 @@ def derive_capacity(
     ]
     if settings.auto_fit_max_model_len:
         max_model_len = min(
-            fit_max_model_len(needed(bpb), available - bpb, derived_len) for bpb, available in workers
+            fit_max_model_len(needed(bpb), available - bpb, derived_len)
+            for bpb, available in workers
         )
         if max_model_len == 0:
             raise auto_fit_failure()

@@ -33,8 +33,17 @@ _ROPE_TYPES_WITHOUT_STRETCH = frozenset(
 # Model types that vLLM serves with multi-head latent attention when kv_lora_rank is set
 # (ModelConfig.is_deepseek_mla).
 _MLA_MODEL_TYPES = frozenset(
-    {"deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "kimi_k2", "kimi_linear",
-     "longcat_flash", "glm4_moe_lite", "pangu_ultra_moe"}
+    {
+        "deepseek_v2",
+        "deepseek_v3",
+        "deepseek_v32",
+        "deepseek_mtp",
+        "kimi_k2",
+        "kimi_linear",
+        "longcat_flash",
+        "glm4_moe_lite",
+        "pangu_ultra_moe",
+    }
 )
 
 
@@ -71,7 +80,7 @@ class HfConfig:
         value = self.text.get(key)
         return default if value is None else value
 
-    def int(self, key: str, default: int | None = None) -> int:
+    def get_int(self, key: str, default: int | None = None) -> int:
         value = self.text.get(key)
         if value is None:
             if default is None:
@@ -82,9 +91,9 @@ class HfConfig:
         return int(value)
 
     def optional_int(self, key: str) -> int | None:
-        return self.int(key) if self.has(key) else None
+        return self.get_int(key) if self.has(key) else None
 
-    def float(self, key: str, default: float | None = None) -> float:
+    def get_float(self, key: str, default: float | None = None) -> float:
         value = self.text.get(key)
         if value is None:
             if default is None:
@@ -116,11 +125,11 @@ class HfConfig:
 
     @property
     def num_hidden_layers(self) -> int:
-        return self.int("num_hidden_layers")
+        return self.get_int("num_hidden_layers")
 
     @property
     def num_attention_heads(self) -> int:
-        return self.int("num_attention_heads")
+        return self.get_int("num_attention_heads")
 
     @property
     def is_mla(self) -> bool:
@@ -129,15 +138,15 @@ class HfConfig:
     def head_size(self) -> int:
         """ModelConfig.get_head_size: the head size vLLM assumes for the whole model."""
         if self.is_mla:
-            return self.int("kv_lora_rank") + self.int("qk_rope_head_dim")
+            return self.get_int("kv_lora_rank") + self.get_int("qk_rope_head_dim")
         if self.model_type == "zamba2":
-            return self.int("attention_head_dim")
+            return self.get_int("attention_head_dim")
         head_dim = self.get("head_dim")
         if isinstance(head_dim, int) and head_dim > 0:
             return head_dim
         if self.has("hidden_size_per_head"):
-            return self.int("hidden_size_per_head")
-        return self.int("hidden_size") // self.num_attention_heads
+            return self.get_int("hidden_size_per_head")
+        return self.get_int("hidden_size") // self.num_attention_heads
 
     def total_num_kv_heads(self) -> int:
         """ModelConfig.get_total_num_kv_heads (1 for MLA: one latent per token)."""
@@ -145,7 +154,7 @@ class HfConfig:
             return 1
         for key in ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num"):
             if self.has(key):
-                return self.int(key)
+                return self.get_int(key)
         return self.num_attention_heads
 
     def num_kv_heads_per_rank(self, tensor_parallel_size: int) -> int:

@@ -23,15 +23,17 @@ def pipeline_stage_layers(num_layers: int, pp: int) -> list[range]:
     return stages
 
 
-def bytes_per_block_per_stage(
-    groups: Sequence[KvCacheGroup], stages: Sequence[range]
-) -> list[int]:
+def bytes_per_block_per_stage(groups: Sequence[KvCacheGroup], stages: Sequence[range]) -> list[int]:
     """Bytes one block id takes on a worker of each stage: the fullest group decides,
     because all groups carve the same block ids out of one allocation."""
     return [
         max(
             (
-                sum(layer.spec.page_size_bytes for layer in group.layers if layer.decoder_index in stage)
+                sum(
+                    layer.spec.page_size_bytes
+                    for layer in group.layers
+                    if layer.decoder_index in stage
+                )
                 for group in groups
             ),
             default=0,
@@ -49,9 +51,7 @@ def _gib(num_bytes: int) -> str:
     return str(round(num_bytes / 2**30, 2))
 
 
-def fit_max_model_len(
-    needed_bytes: Callable[[int], int], available_bytes: int, upper: int
-) -> int:
+def fit_max_model_len(needed_bytes: Callable[[int], int], available_bytes: int, upper: int) -> int:
     """The largest length in [1, upper] whose KV need fits, or 0 when not even 1 fits."""
     if needed_bytes(1) > available_bytes:
         return 0
@@ -78,7 +78,8 @@ def check_fits(
         raise DoesNotFit(
             "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
             "when initializing the engine (this flag also controls CPU memory reservation on "
-            f"the CPU backend, despite its name). {_DOCS}"
+            f"the CPU backend, despite its name). {_DOCS}",
+            available_bytes=usable,
         )
     needed = needed_bytes(max_model_len)
     if needed <= usable:
@@ -94,7 +95,11 @@ def check_fits(
         f"({_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache "
         f"memory ({_gib(usable)} GiB). {hint}Try increasing `gpu_memory_utilization` (which "
         "also controls CPU memory on the CPU backend) or decreasing `max_model_len` when "
-        f"initializing the engine. {_DOCS}"
+        f"initializing the engine. {_DOCS}",
+        max_model_len=max_model_len,
+        needed_bytes=needed,
+        available_bytes=usable,
+        estimated_max_model_len=estimate,
     )
 
 

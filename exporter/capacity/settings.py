@@ -60,7 +60,11 @@ class EngineSettings:
     mamba_ssm_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        for name in ("tensor_parallel_size", "pipeline_parallel_size", "decode_context_parallel_size"):
+        for name in (
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+            "decode_context_parallel_size",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("block_size", "max_num_batched_tokens", "num_gpu_blocks_override"):
@@ -69,7 +73,8 @@ class EngineSettings:
                 raise ConfigError(f"{name} must be a positive integer, got {value}")
         if self.max_model_len is not None and self.max_model_len < 1 and self.max_model_len != -1:
             raise ConfigError(
-                f"max_model_len must be a positive integer or -1 (auto-fit), got {self.max_model_len}"
+                "max_model_len must be a positive integer or -1 (auto-fit), "
+                f"got {self.max_model_len}"
             )
 
     @property

@@ -33,7 +33,7 @@ def config_head_dim(hf: HfConfig) -> int:
     head_dim = hf.get("head_dim")
     if isinstance(head_dim, int) and head_dim > 0:
         return head_dim
-    return hf.int("hidden_size") // hf.num_attention_heads
+    return hf.get_int("hidden_size") // hf.num_attention_heads
 
 
 def sliding_window(hf: HfConfig) -> int | None:
@@ -49,8 +49,7 @@ def layer_types(hf: HfConfig, default: list[str]) -> list[str]:
         return default
     if len(types) != hf.num_hidden_layers:
         raise ConfigError(
-            f"config.json `layer_types` has {len(types)} entries for "
-            f"{hf.num_hidden_layers} layers"
+            f"config.json `layer_types` has {len(types)} entries for {hf.num_hidden_layers} layers"
         )
     # transformers renames legacy names before any model code sees them.
     renamed = {"attention": FULL, "mamba": "linear_attention"}
@@ -134,7 +133,7 @@ def qwen(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     window = sliding_window(hf) if hf.get("use_sliding_window", False) else None
     windows: list[int | None] = [None] * n
     if window is not None:
-        max_window_layers = hf.int("max_window_layers", n)
+        max_window_layers = hf.get_int("max_window_layers", n)
         default = [SLIDING if i >= max_window_layers else FULL for i in range(n)]
         if all(t == SLIDING for t in layer_types(hf, default)):
             windows = [window] * n
@@ -159,7 +158,7 @@ def gemma2(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
 @register("gemma3", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 def gemma3(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     n = hf.num_hidden_layers
-    default = pattern_layer_types(n, hf.int("sliding_window_pattern", 6))
+    default = pattern_layer_types(n, hf.get_int("sliding_window_pattern", 6))
     return ModelLayout(
         layers=attention_layers(hf, ctx, _per_layer_windows(hf, default)), num_decoder_layers=n
     )
@@ -170,7 +169,7 @@ def cohere2(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     """Cohere 2 / Command A: a sliding layer sees its window plus the current token, so
     commandr.py hands vLLM `sliding_window + 1`."""
     n = hf.num_hidden_layers
-    default = pattern_layer_types(n, hf.int("sliding_window_pattern", 4))
+    default = pattern_layer_types(n, hf.get_int("sliding_window_pattern", 4))
     windows = [w + 1 if w is not None else None for w in _per_layer_windows(hf, default)]
     return ModelLayout(layers=attention_layers(hf, ctx, windows), num_decoder_layers=n)
 
@@ -180,7 +179,7 @@ def cohere(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     n = hf.num_hidden_layers
     return ModelLayout(
         layers=attention_layers(
-            hf, ctx, [None] * n, head_size=hf.int("hidden_size") // hf.num_attention_heads
+            hf, ctx, [None] * n, head_size=hf.get_int("hidden_size") // hf.num_attention_heads
         ),
         num_decoder_layers=n,
     )
@@ -208,7 +207,7 @@ def llama4(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     n = hf.num_hidden_layers
     no_rope_layers = hf.int_list("no_rope_layers")
     if no_rope_layers is None:
-        interval = hf.int("no_rope_layer_interval", 4)
+        interval = hf.get_int("no_rope_layer_interval", 4)
         no_rope_layers = [int((i + 1) % interval != 0) for i in range(n)]
     chunk = hf.optional_int("attention_chunk_size")
     kv = kv_heads_per_rank(hf.total_num_kv_heads(), ctx.tp)
@@ -237,7 +236,7 @@ def deepseek_mla(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     n = hf.num_hidden_layers
     if not hf.has("kv_lora_rank"):
         raise ConfigError("a DeepSeek MLA config needs `kv_lora_rank`")
-    latent = hf.int("kv_lora_rank") + hf.int("qk_rope_head_dim")
+    latent = hf.get_int("kv_lora_rank") + hf.get_int("qk_rope_head_dim")
     layers = tuple(
         AttentionLayer(
             name=f"model.layers.{i}.self_attn.attn",

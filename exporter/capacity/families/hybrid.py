@@ -77,14 +77,17 @@ def mamba2_layer(
 def gdn_layer(name: str, index: int, ctx: BuildContext, hf: HfConfig, ssm_dtype: str) -> MambaLayer:
     """Gated delta net (Qwen3-Next, Qwen3.5) linear attention state."""
     tp = ctx.tp
-    nk, nv = hf.int("linear_num_key_heads"), hf.int("linear_num_value_heads")
-    hk, hv = hf.int("linear_key_head_dim"), hf.int("linear_value_head_dim")
+    nk, nv = hf.get_int("linear_num_key_heads"), hf.get_int("linear_num_value_heads")
+    hk, hv = hf.get_int("linear_key_head_dim"), hf.get_int("linear_value_head_dim")
     conv_dim = 2 * hk * nk + hv * nv
     return MambaLayer(
         name=name,
         decoder_index=index,
         shapes=(
-            (hf.int("linear_conv_kernel_dim") - 1, _split(conv_dim, tp, "the GDN conv dimension")),
+            (
+                hf.get_int("linear_conv_kernel_dim") - 1,
+                _split(conv_dim, tp, "the GDN conv dimension"),
+            ),
             (_split(nv, tp, "the number of GDN value heads"), hv, hk),
         ),
         dtypes=(ctx.mamba_conv_dtype, ssm_dtype),
@@ -108,13 +111,15 @@ def _attention(
 
 
 def _hybrid(layers: list[CacheLayer], hf: HfConfig) -> ModelLayout:
-    return ModelLayout(layers=tuple(layers), num_decoder_layers=hf.num_hidden_layers, is_hybrid=True)
+    return ModelLayout(
+        layers=tuple(layers), num_decoder_layers=hf.num_hidden_layers, is_hybrid=True
+    )
 
 
 @register("jamba", "JambaForCausalLM")
 def jamba(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
-    period, offset = hf.int("attn_layer_period", 8), hf.int("attn_layer_offset", 4)
-    hidden = hf.int("hidden_size")
+    period, offset = hf.get_int("attn_layer_period", 8), hf.get_int("attn_layer_offset", 4)
+    hidden = hf.get_int("hidden_size")
     head_size = hidden // hf.num_attention_heads  # Jamba's attention ignores head_dim
     layers: list[CacheLayer] = []
     for i in range(hf.num_hidden_layers):
@@ -126,9 +131,9 @@ def jamba(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
                     f"model.layers.{i}.mamba",
                     i,
                     ctx,
-                    intermediate=hf.int("mamba_expand", 2) * hidden,
-                    d_state=hf.int("mamba_d_state", 16),
-                    d_conv=hf.int("mamba_d_conv", 4),
+                    intermediate=hf.get_int("mamba_expand", 2) * hidden,
+                    d_state=hf.get_int("mamba_d_state", 16),
+                    d_conv=hf.get_int("mamba_d_conv", 4),
                 )
             )
     return _hybrid(layers, hf)
@@ -151,13 +156,14 @@ def nemotron_h(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
         )
     # Nemotron-H keeps its SSM state in float32 unless the config or flag says otherwise.
     ssm_dtype = ctx.ssm_dtype(hf.get("mamba_ssm_cache_dtype") or "float32")
-    n_heads, head_dim = hf.int("mamba_num_heads"), hf.int("mamba_head_dim")
+    n_heads, head_dim = hf.get_int("mamba_num_heads"), hf.get_int("mamba_head_dim")
     layers: list[CacheLayer] = []
     for i, kind in enumerate(kinds):
         if kind == "attention":
             layers.append(
-                _attention(hf, ctx, i, head_size=config_head_dim(hf),
-                           name=f"model.layers.{i}.mixer.attn")
+                _attention(
+                    hf, ctx, i, head_size=config_head_dim(hf), name=f"model.layers.{i}.mixer.attn"
+                )
             )
         elif kind == "mamba":
             layers.append(
@@ -166,11 +172,11 @@ def nemotron_h(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
                     i,
                     ctx,
                     intermediate=n_heads * head_dim,
-                    n_groups=hf.int("n_groups"),
+                    n_groups=hf.get_int("n_groups"),
                     n_heads=n_heads,
                     head_dim=head_dim,
-                    d_state=hf.int("ssm_state_size"),
-                    d_conv=hf.int("conv_kernel"),
+                    d_state=hf.get_int("ssm_state_size"),
+                    d_conv=hf.get_int("conv_kernel"),
                     ssm_dtype=ssm_dtype,
                 )
             )
@@ -179,7 +185,7 @@ def nemotron_h(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
 
 def _mamba2_head_dim(hf: HfConfig, key: str, intermediate: int, n_heads: int) -> int:
     value = hf.get(key, "auto")
-    return intermediate // n_heads if value == "auto" else hf.int(key)
+    return intermediate // n_heads if value == "auto" else hf.get_int(key)
 
 
 @register("granite_moe_hybrid", "GraniteMoeHybridForCausalLM")
@@ -188,9 +194,9 @@ def granite_moe_hybrid(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     n = hf.num_hidden_layers
     default = hf.str_list("layers_block_type") or [LINEAR] * n
     types = layer_types(hf, [{"attention": FULL, "mamba": LINEAR}.get(t, t) for t in default])
-    hidden = hf.int("hidden_size")
-    intermediate = hf.int("mamba_expand", 2) * hidden
-    n_heads = hf.int("mamba_n_heads", 128)
+    hidden = hf.get_int("hidden_size")
+    intermediate = hf.get_int("mamba_expand", 2) * hidden
+    n_heads = hf.get_int("mamba_n_heads", 128)
     layers: list[CacheLayer] = []
     for i, kind in enumerate(types):
         if kind == FULL:
@@ -203,11 +209,11 @@ def granite_moe_hybrid(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
                     i,
                     ctx,
                     intermediate=intermediate,
-                    n_groups=hf.int("mamba_n_groups", 1),
+                    n_groups=hf.get_int("mamba_n_groups", 1),
                     n_heads=n_heads,
                     head_dim=_mamba2_head_dim(hf, "mamba_d_head", intermediate, n_heads),
-                    d_state=hf.int("mamba_d_state", 256),
-                    d_conv=hf.int("mamba_d_conv", 4),
+                    d_state=hf.get_int("mamba_d_state", 256),
+                    d_conv=hf.get_int("mamba_d_conv", 4),
                     ssm_dtype=ctx.ssm_dtype(),
                 )
             )
@@ -217,12 +223,12 @@ def granite_moe_hybrid(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
 @register("falcon_h1", "FalconH1ForCausalLM")
 def falcon_h1(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     """Falcon-H1: every decoder layer runs attention and a Mamba2 mixer side by side."""
-    hidden = hf.int("hidden_size")
+    hidden = hf.get_int("hidden_size")
     if "mamba_d_ssm" in hf.text and hf.text["mamba_d_ssm"] is None:
-        intermediate = int(hf.float("mamba_expand", 2) * hidden)
+        intermediate = int(hf.get_float("mamba_expand", 2) * hidden)
     else:
-        intermediate = hf.int("mamba_d_ssm", 1024)  # transformers' default when absent
-    n_heads = hf.int("mamba_n_heads", 128)
+        intermediate = hf.get_int("mamba_d_ssm", 1024)  # transformers' default when absent
+    n_heads = hf.get_int("mamba_n_heads", 128)
     head_size = config_head_dim(hf)
     layers: list[CacheLayer] = []
     for i in range(hf.num_hidden_layers):
@@ -233,11 +239,11 @@ def falcon_h1(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
                 i,
                 ctx,
                 intermediate=intermediate,
-                n_groups=hf.int("mamba_n_groups", 1),
+                n_groups=hf.get_int("mamba_n_groups", 1),
                 n_heads=n_heads,
                 head_dim=_mamba2_head_dim(hf, "mamba_d_head", intermediate, n_heads),
-                d_state=hf.int("mamba_d_state", 256),
-                d_conv=hf.int("mamba_d_conv", 4),
+                d_state=hf.get_int("mamba_d_state", 256),
+                d_conv=hf.get_int("mamba_d_conv", 4),
                 ssm_dtype=ctx.ssm_dtype(),
             )
         )
@@ -250,9 +256,9 @@ def zamba2(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     block_types = hf.str_list("layers_block_type")
     if block_types is None or len(block_types) != hf.num_hidden_layers:
         raise ConfigError("a Zamba2 config needs `layers_block_type` with one entry per layer")
-    hidden = hf.int("hidden_size")
-    intermediate = hf.int("mamba_expand", 2) * hidden
-    n_heads = hf.int("n_mamba_heads")
+    hidden = hf.get_int("hidden_size")
+    intermediate = hf.get_int("mamba_expand", 2) * hidden
+    n_heads = hf.get_int("n_mamba_heads")
     heads = hf.num_attention_heads
     layers: list[CacheLayer] = []
     for i, kind in enumerate(block_types):
@@ -261,8 +267,10 @@ def zamba2(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
                 AttentionLayer(
                     name=f"model.layers.{i}.shared_transformer.self_attn.attn",
                     decoder_index=i,
-                    num_kv_heads=kv_heads_per_rank(hf.int("num_key_value_heads", heads), ctx.tp),
-                    head_size=hf.int("attention_head_dim", 2 * hidden // heads),
+                    num_kv_heads=kv_heads_per_rank(
+                        hf.get_int("num_key_value_heads", heads), ctx.tp
+                    ),
+                    head_size=hf.get_int("attention_head_dim", 2 * hidden // heads),
                 )
             )
         layers.append(
@@ -271,11 +279,11 @@ def zamba2(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
                 i,
                 ctx,
                 intermediate=intermediate,
-                n_groups=hf.int("mamba_ngroups", 1),
+                n_groups=hf.get_int("mamba_ngroups", 1),
                 n_heads=n_heads,
-                head_dim=hf.int("mamba_headdim", intermediate // n_heads),
-                d_state=hf.int("mamba_d_state"),
-                d_conv=hf.int("mamba_d_conv", 4),
+                head_dim=hf.get_int("mamba_headdim", intermediate // n_heads),
+                d_state=hf.get_int("mamba_d_state"),
+                d_conv=hf.get_int("mamba_d_conv", 4),
                 ssm_dtype=ctx.ssm_dtype(),
             )
         )
@@ -293,7 +301,7 @@ def zamba2(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
 def qwen3_next(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     """Qwen3-Next / Qwen3.5: gated delta net layers with a full-attention layer every few."""
     n = hf.num_hidden_layers
-    interval = hf.int("full_attention_interval", 4)
+    interval = hf.get_int("full_attention_interval", 4)
     default = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(n)]
     # Qwen3.5 may pin the SSM state dtype in its text config.
     ssm_dtype = ctx.ssm_dtype(hf.get("mamba_ssm_dtype"))
