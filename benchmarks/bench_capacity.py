@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from exporter.capacity import EngineSettings, derive_capacity  # noqa: E402
-from exporter.capacity.batch import settings_from_record  # noqa: E402
+from exporter.capacity import EngineSettings, derive_capacity
+from exporter.capacity.batch import settings_from_record
 
 GOLDEN = Path(__file__).resolve().parent.parent / "tests/fixtures/golden/vllm-0.33-capacity.jsonl"
 
