@@ -1,0 +1,43 @@
+"""The commands shown in docs/capacity.md print what the page says they print."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK = re.compile(r"```console\n\$ (?P<command>.+?)\n(?P<output>.*?)```", re.DOTALL)
+
+
+def console_blocks(page: Path) -> list[tuple[str, list[str]]]:
+    text = page.read_text(encoding="utf-8")
+    return [
+        (match["command"], match["output"].strip().splitlines()) for match in BLOCK.finditer(text)
+    ]
+
+
+BLOCKS = console_blocks(ROOT / "docs" / "capacity.md")
+
+
+def test_the_page_has_an_example_per_attention_kind() -> None:
+    assert len(BLOCKS) >= 5
+
+
+@pytest.mark.parametrize(("command", "expected"), BLOCKS, ids=[c for c, _ in BLOCKS])
+def test_documented_command_output(command: str, expected: list[str]) -> None:
+    argv = shlex.split(command)
+    assert argv[0] == "kvcap-exporter"
+    run = subprocess.run(
+        [sys.executable, "-m", "exporter.cli", *argv[1:]],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[: len(expected)] == expected
