@@ -47,6 +47,44 @@ _MLA_MODEL_TYPES = frozenset(
 )
 
 
+# Defaults of the transformers config classes (5.x) for keys a config.json may leave out,
+# by model_type: vLLM reads the config object, so a missing key takes these values.
+_CONFIG_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma2": {"sliding_window": 4096, "head_dim": 256},
+    "gemma3_text": {"sliding_window": 4096, "head_dim": 256},
+    "cohere2": {"sliding_window": 4096},
+    "olmo3": {"sliding_window": 4096},
+    "exaone4": {"sliding_window": 4096, "sliding_window_pattern": 4},
+    "gpt_oss": {"sliding_window": 128, "head_dim": 64},
+    "falcon_h1": {"num_key_value_heads": 8, "max_position_embeddings": 8192},
+    "zamba2": {
+        "max_position_embeddings": 4096,
+        "mamba_d_state": 64,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_ngroups": 1,
+        "n_mamba_heads": 8,
+    },
+    "ministral3": {"head_dim": 128},
+}
+
+
+def _config_class_view(text: Mapping[str, Any]) -> dict[str, Any]:
+    """The config as its transformers class sees it: defaults and derived fields applied."""
+    model_type = text.get("model_type")
+    view = {**_CONFIG_CLASS_DEFAULTS.get(model_type if isinstance(model_type, str) else "", {})}
+    view.update(text)
+    hidden, heads = view.get("hidden_size"), view.get("num_attention_heads")
+    if model_type == "cohere2" and isinstance(hidden, int) and isinstance(heads, int) and heads:
+        view["head_dim"] = hidden // heads  # Cohere2Config always recomputes it
+    if model_type == "zamba2":
+        if isinstance(hidden, int) and isinstance(heads, int) and heads:
+            view.setdefault("attention_head_dim", 2 * hidden // heads)
+        if view.get("use_long_context"):
+            view["max_position_embeddings"] = 16384
+    return view
+
+
 class HfConfig:
     """A model's config.json. Multimodal configs are read through their `text_config`.
 
@@ -59,7 +97,9 @@ class HfConfig:
             raise ConfigError("config.json must be a JSON object")
         self.raw = raw
         text = raw.get("text_config")
-        self.text: Mapping[str, Any] = text if isinstance(text, Mapping) else raw
+        self.text: Mapping[str, Any] = _config_class_view(
+            text if isinstance(text, Mapping) else raw
+        )
 
     @property
     def architecture(self) -> str:
@@ -181,9 +221,12 @@ class HfConfig:
         nested = [value for value in rope.values() if isinstance(value, Mapping) and value]
         return nested or [rope]
 
-    @staticmethod
-    def _rope_type(rope: Mapping[str, Any]) -> str:
-        return str(rope.get("rope_type", rope.get("type", "default")))
+    def _rope_type(self, rope: Mapping[str, Any]) -> str:
+        rope_type = str(rope.get("rope_type", rope.get("type", "default")))
+        # Legacy names: "su" is LongRoPE everywhere; Phi3Config also reads "yarn" as LongRoPE.
+        if rope_type == "su" or (rope_type == "yarn" and self.model_type == "phi3"):
+            return "longrope"
+        return rope_type
 
     def derived_max_model_len(self) -> int:
         """The model's own maximum length, the ceiling for `--max-model-len`."""

@@ -26,12 +26,14 @@ from exporter.capacity.specs import (
     SlidingWindowSpec,
     cdiv,
 )
-from exporter.errors import ConfigError
+from exporter.errors import ConfigError, UnsupportedConfiguration
 
 # FlashAttention (and Triton) take any multiple of 16 tokens per block.
 _ATTENTION_KERNEL_BLOCK = 16
 # FlashMLA, vLLM's first choice for an fp8 latent cache on Hopper, only takes 64.
 _FLASHMLA_BLOCK = 64
+# KV dtypes some MLA backend on Hopper accepts.
+_MLA_KV_DTYPES = frozenset({"bfloat16", "float16", "fp8", "fp8_e4m3"})
 # vLLM raises the block size of MLA + Mamba hybrids to a multiple of 128.
 _MLA_HYBRID_MIN_BLOCK = 128
 # Bytes per token of DeepSeek's packed latent formats (value + scales).
@@ -129,12 +131,27 @@ def attention_spec(layer: AttentionLayer, block_size: int, kv: KvCacheDtype) -> 
 
 def base_block_size(layout: ModelLayout, settings: EngineSettings, kv: KvCacheDtype) -> int:
     """`--block-size`, else the smallest size every chosen attention backend accepts."""
-    if settings.block_size is not None:
-        return settings.block_size
     has_mla = any(isinstance(layer, AttentionLayer) and layer.mla for layer in layout.layers)
-    if has_mla and kv.quantized:
-        return _FLASHMLA_BLOCK
-    return DEFAULT_BLOCK_SIZE
+    if has_mla:
+        return _mla_block_size(settings.block_size, kv)
+    return settings.block_size or DEFAULT_BLOCK_SIZE
+
+
+def _mla_block_size(requested: int | None, kv: KvCacheDtype) -> int:
+    """The block size of the MLA backend vLLM picks on Hopper, first that accepts both
+    the KV dtype and the block size: FlashAttention-MLA (bf16, multiples of 16), FlashMLA
+    (bf16/fp16/fp8, multiples of 64), Triton MLA (the same dtypes, multiples of 16)."""
+    if kv.name not in _MLA_KV_DTYPES:
+        raise UnsupportedConfiguration(
+            f"no MLA attention backend on an H100-class GPU supports --kv-cache-dtype {kv.name}"
+        )
+    if requested is None:
+        return DEFAULT_BLOCK_SIZE if kv.name == "bfloat16" else _FLASHMLA_BLOCK
+    if requested % _ATTENTION_KERNEL_BLOCK:
+        raise UnsupportedConfiguration(
+            f"no MLA attention backend on an H100-class GPU supports --block-size {requested}"
+        )
+    return requested
 
 
 @dataclass(frozen=True, slots=True)

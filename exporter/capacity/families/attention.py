@@ -108,6 +108,7 @@ def llama_windows(hf: HfConfig) -> list[int | None]:
     "GraniteMoeForCausalLM",
     "GemmaForCausalLM",
     "Mistral3ForConditionalGeneration",
+    "Ministral3ForCausalLM",
 )
 def llama(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     return ModelLayout(
@@ -176,10 +177,37 @@ def cohere2(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
 
 @register("cohere", "CohereForCausalLM")
 def cohere(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
+    """Command-R (Cohere v1): no sliding window."""
+    n = hf.num_hidden_layers
+    return ModelLayout(layers=attention_layers(hf, ctx, [None] * n), num_decoder_layers=n)
+
+
+@register("exaone4", "Exaone4ForCausalLM")
+def exaone4(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
+    """EXAONE 4: per-layer windows; the default pattern is an int period or "LLLG"."""
+    n = hf.num_hidden_layers
+    pattern = hf.get("sliding_window_pattern", 4)
+    if isinstance(pattern, str) and pattern:
+        default = [SLIDING if pattern[i % len(pattern)] == "L" else FULL for i in range(n)]
+    elif isinstance(pattern, int) and pattern > 0:
+        default = pattern_layer_types(n, pattern)
+    else:
+        default = [FULL] * n
+    return ModelLayout(
+        layers=attention_layers(hf, ctx, _per_layer_windows(hf, default)), num_decoder_layers=n
+    )
+
+
+@register("olmo3", "Olmo3ForCausalLM")
+def olmo3(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
+    """OLMo 3 (served by vLLM's transformers backend): every 4th layer is global."""
     n = hf.num_hidden_layers
     return ModelLayout(
         layers=attention_layers(
-            hf, ctx, [None] * n, head_size=hf.get_int("hidden_size") // hf.num_attention_heads
+            hf,
+            ctx,
+            _per_layer_windows(hf, pattern_layer_types(n, 4)),
+            head_size=hf.head_size(),
         ),
         num_decoder_layers=n,
     )
@@ -251,6 +279,10 @@ def deepseek_mla(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
 
 
 _GENERIC_LAYER_TYPES = frozenset({FULL, SLIDING})
+# MLA model types whose layers are all plain latent attention, as DeepSeek-V3's are.
+_GENERIC_MLA_MODEL_TYPES = frozenset(
+    {"deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe_lite", "longcat_flash", "pangu_ultra_moe"}
+)
 
 
 def generic(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
@@ -271,8 +303,19 @@ def generic(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
             raise UnsupportedArchitecture(
                 f"{architecture} is not a known family and its config lacks `{key}`"
             )
-    if hf.has("kv_lora_rank") and hf.has("qk_rope_head_dim"):
+    if hf.has("kv_lora_rank"):
+        if hf.model_type not in _GENERIC_MLA_MODEL_TYPES:
+            # Latent-looking fields without a known MLA model type (MiniCPM3 uses plain
+            # attention; DeepSeek-V3.2 and GLM-5 add indexer caches): do not guess.
+            raise UnsupportedArchitecture(
+                f"{architecture} (model_type {hf.model_type!r}) has latent attention fields "
+                "that kvcap cannot derive generically"
+            )
         layout = deepseek_mla(hf, ctx)
+    elif hf.get("use_sliding_window") is False:
+        # Qwen2-style configs carry a window they do not use.
+        n = hf.num_hidden_layers
+        layout = ModelLayout(attention_layers(hf, ctx, [None] * n), num_decoder_layers=n)
     else:
         layout = llama(hf, ctx)
     return ModelLayout(

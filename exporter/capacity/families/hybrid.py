@@ -253,24 +253,24 @@ def falcon_h1(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
 @register("zamba2", "Zamba2ForCausalLM")
 def zamba2(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     """Zamba2: a Mamba2 mixer in every layer; "hybrid" layers also hold attention KV."""
+    if ctx.settings.pipeline_parallel_size > 1:
+        raise UnsupportedConfiguration("vLLM does not support pipeline parallelism for Zamba2")
     block_types = hf.str_list("layers_block_type")
     if block_types is None or len(block_types) != hf.num_hidden_layers:
         raise ConfigError("a Zamba2 config needs `layers_block_type` with one entry per layer")
-    hidden = hf.get_int("hidden_size")
-    intermediate = hf.get_int("mamba_expand", 2) * hidden
+    intermediate = hf.get_int("mamba_expand", 2) * hf.get_int("hidden_size")
     n_heads = hf.get_int("n_mamba_heads")
     heads = hf.num_attention_heads
     layers: list[CacheLayer] = []
     for i, kind in enumerate(block_types):
         if kind == "hybrid":
+            # The shared transformer is plain multi-head attention: a KV head per head.
             layers.append(
                 AttentionLayer(
                     name=f"model.layers.{i}.shared_transformer.self_attn.attn",
                     decoder_index=i,
-                    num_kv_heads=kv_heads_per_rank(
-                        hf.get_int("num_key_value_heads", heads), ctx.tp
-                    ),
-                    head_size=hf.get_int("attention_head_dim", 2 * hidden // heads),
+                    num_kv_heads=kv_heads_per_rank(heads, ctx.tp),
+                    head_size=hf.get_int("attention_head_dim"),
                 )
             )
         layers.append(
@@ -281,7 +281,7 @@ def zamba2(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
                 intermediate=intermediate,
                 n_groups=hf.get_int("mamba_ngroups", 1),
                 n_heads=n_heads,
-                head_dim=hf.get_int("mamba_headdim", intermediate // n_heads),
+                head_dim=intermediate // n_heads,  # Zamba2Config recomputes mamba_headdim
                 d_state=hf.get_int("mamba_d_state"),
                 d_conv=hf.get_int("mamba_d_conv", 4),
                 ssm_dtype=ctx.ssm_dtype(),
@@ -303,8 +303,9 @@ def qwen3_next(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     n = hf.num_hidden_layers
     interval = hf.get_int("full_attention_interval", 4)
     default = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(n)]
-    # Qwen3.5 may pin the SSM state dtype in its text config.
-    ssm_dtype = ctx.ssm_dtype(hf.get("mamba_ssm_dtype"))
+    # Qwen3.5 (not Qwen3-Next) may pin the SSM state dtype in its text config.
+    pinned = hf.get("mamba_ssm_dtype") if hf.architecture.startswith("Qwen3_5") else None
+    ssm_dtype = ctx.ssm_dtype(pinned)
     layers: list[CacheLayer] = []
     for i, kind in enumerate(layer_types(hf, default)):
         if kind == FULL:
