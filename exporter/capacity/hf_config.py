@@ -49,6 +49,13 @@ _MLA_MODEL_TYPES = frozenset(
 
 # Defaults of the transformers config classes (5.x) for keys a config.json may leave out,
 # by model_type: vLLM reads the config object, so a missing key takes these values.
+_GATED_DELTA_NET_DEFAULTS: dict[str, Any] = {
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+}
 _CONFIG_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"max_position_embeddings": 2048},
     "mistral": {"sliding_window": 4096, "max_position_embeddings": 131072},
@@ -108,31 +115,19 @@ _CONFIG_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 32768,
         "num_key_value_heads": 2,
         "head_dim": 256,
-        "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_num_key_heads": 16,
-        "linear_num_value_heads": 32,
+        **_GATED_DELTA_NET_DEFAULTS,
     },
     "qwen3_5_text": {
         "max_position_embeddings": 32768,
         "num_key_value_heads": 4,
         "head_dim": 256,
-        "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_num_key_heads": 16,
-        "linear_num_value_heads": 32,
+        **_GATED_DELTA_NET_DEFAULTS,
     },
     "qwen3_5_moe_text": {
         "max_position_embeddings": 32768,
         "num_key_value_heads": 2,
         "head_dim": 256,
-        "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_num_key_heads": 16,
-        "linear_num_value_heads": 32,
+        **_GATED_DELTA_NET_DEFAULTS,
     },
     "exaone4": {
         "max_position_embeddings": 2048,

@@ -183,9 +183,25 @@ def nemotron_h(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     return _hybrid(layers, hf)
 
 
-def _mamba2_head_dim(hf: HfConfig, key: str, intermediate: int, n_heads: int) -> int:
-    value = hf.get(key, "auto")
-    return intermediate // n_heads if value == "auto" else hf.get_int(key)
+def _mamba2_from_mamba_keys(
+    hf: HfConfig, ctx: BuildContext, index: int, intermediate: int
+) -> MambaLayer:
+    """A Mamba2 layer described by `mamba_*` keys (Granite 4.0-H, Falcon-H1), with
+    transformers' defaults; `mamba_d_head: "auto"` splits the intermediate size evenly."""
+    n_heads = hf.get_int("mamba_n_heads", 128)
+    head_dim = hf.get("mamba_d_head", "auto")
+    return mamba2_layer(
+        f"model.layers.{index}.mamba",
+        index,
+        ctx,
+        intermediate=intermediate,
+        n_groups=hf.get_int("mamba_n_groups", 1),
+        n_heads=n_heads,
+        head_dim=intermediate // n_heads if head_dim == "auto" else hf.get_int("mamba_d_head"),
+        d_state=hf.get_int("mamba_d_state", 256),
+        d_conv=hf.get_int("mamba_d_conv", 4),
+        ssm_dtype=ctx.ssm_dtype(),
+    )
 
 
 @register("granite_moe_hybrid", "GraniteMoeHybridForCausalLM")
@@ -196,27 +212,13 @@ def granite_moe_hybrid(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     types = layer_types(hf, [{"attention": FULL, "mamba": LINEAR}.get(t, t) for t in default])
     hidden = hf.get_int("hidden_size")
     intermediate = hf.get_int("mamba_expand", 2) * hidden
-    n_heads = hf.get_int("mamba_n_heads", 128)
     layers: list[CacheLayer] = []
     for i, kind in enumerate(types):
         if kind == FULL:
             # The attention layer uses hidden_size // heads, whatever head_dim says.
             layers.append(_attention(hf, ctx, i, head_size=hidden // hf.num_attention_heads))
         else:
-            layers.append(
-                mamba2_layer(
-                    f"model.layers.{i}.mamba",
-                    i,
-                    ctx,
-                    intermediate=intermediate,
-                    n_groups=hf.get_int("mamba_n_groups", 1),
-                    n_heads=n_heads,
-                    head_dim=_mamba2_head_dim(hf, "mamba_d_head", intermediate, n_heads),
-                    d_state=hf.get_int("mamba_d_state", 256),
-                    d_conv=hf.get_int("mamba_d_conv", 4),
-                    ssm_dtype=ctx.ssm_dtype(),
-                )
-            )
+            layers.append(_mamba2_from_mamba_keys(hf, ctx, i, intermediate))
     return _hybrid(layers, hf)
 
 
@@ -228,25 +230,11 @@ def falcon_h1(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
         intermediate = int(hf.get_float("mamba_expand", 2) * hidden)
     else:
         intermediate = hf.get_int("mamba_d_ssm", 1024)  # transformers' default when absent
-    n_heads = hf.get_int("mamba_n_heads", 128)
     head_size = config_head_dim(hf)
     layers: list[CacheLayer] = []
     for i in range(hf.num_hidden_layers):
         layers.append(_attention(hf, ctx, i, head_size=head_size))
-        layers.append(
-            mamba2_layer(
-                f"model.layers.{i}.mamba",
-                i,
-                ctx,
-                intermediate=intermediate,
-                n_groups=hf.get_int("mamba_n_groups", 1),
-                n_heads=n_heads,
-                head_dim=_mamba2_head_dim(hf, "mamba_d_head", intermediate, n_heads),
-                d_state=hf.get_int("mamba_d_state", 256),
-                d_conv=hf.get_int("mamba_d_conv", 4),
-                ssm_dtype=ctx.ssm_dtype(),
-            )
-        )
+        layers.append(_mamba2_from_mamba_keys(hf, ctx, i, intermediate))
     return _hybrid(layers, hf)
 
 
