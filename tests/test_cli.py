@@ -143,10 +143,3 @@ def test_batch_mode_survives_bad_records(tmp_path: Path) -> None:
     assert lines[0]["result"]["kv_cache_size_tokens"] == good["result"]["kv_cache_size_tokens"]
     assert [("error" in line) for line in lines] == [False, True, True, True, True, True]
     assert lines[3]["error"]["type"] == "UnsupportedArchitecture"
-
-
-def test_demo_runs_the_bundled_examples() -> None:
-    run = kvcap("demo")
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.count("GPU KV cache size:") == 4
-    assert "== qwen3-next-80b-a3b" in run.stdout

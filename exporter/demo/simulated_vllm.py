@@ -1,0 +1,202 @@
+"""A simulated vLLM deployment on loopback: the outermost-edge fake used by the demo and tests.
+
+It speaks vLLM 0.33's HTTP interfaces (/metrics, /v1/models, /version,
+/kv_event_sources) for a data-parallel deployment. Its capacity numbers are what vLLM
+would plan (from kvcap's capacity model, which reproduces vLLM's) and its load moves
+over time so dashboards have something to show.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from exporter.capacity import CapacityResult, EngineSettings, derive_capacity
+
+
+@dataclass
+class SimulatedEngine:
+    index: int
+    phase: float  # offsets the load curve so engines differ
+
+
+@dataclass
+class SimulatedVllm:
+    """One `vllm serve` API server with `data_parallel_size` engines behind it."""
+
+    served_model_name: str
+    model_path: str
+    config: Mapping[str, Any]
+    settings: EngineSettings
+    data_parallel_size: int
+    available_kv_bytes_per_worker: int
+    version: str = "0.33.0"
+    instance_id: str = "1764460800000000000"
+    engines: dict[int, SimulatedEngine] = field(default_factory=dict)
+    _server: ThreadingHTTPServer | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.plan: CapacityResult = derive_capacity(
+            self.config,
+            self.settings,
+            available_kv_bytes_per_worker=self.available_kv_bytes_per_worker,
+        )
+        for index in range(self.data_parallel_size):
+            self.engines[index] = SimulatedEngine(index, phase=index * 1.7)
+
+    @property
+    def vllm_args(self) -> str:
+        s = self.settings
+        args = [
+            self.model_path,
+            "--served-model-name",
+            self.served_model_name,
+            "--tensor-parallel-size",
+            str(s.tensor_parallel_size),
+            "--data-parallel-size",
+            str(self.data_parallel_size),
+        ]
+        if s.max_model_len is not None:
+            args += ["--max-model-len", str(s.max_model_len)]
+        return " ".join(args)
+
+    def remove_engine(self, index: int) -> None:
+        with self._lock:
+            self.engines.pop(index, None)
+
+    def usage(self, engine: SimulatedEngine, now: float) -> tuple[float, int, int]:
+        """(kv cache usage ratio, running requests, waiting requests) at time `now`."""
+        usage = 0.45 + 0.35 * math.sin(now / 20.0 + engine.phase)
+        running = int(usage * self.plan.max_concurrency * 1.5)
+        waiting = max(0, int((usage - 0.7) * 40))
+        return round(usage, 4), running, waiting
+
+    def render_metrics(self, now: float | None = None) -> str:
+        now = time.time() if now is None else now
+        with self._lock:
+            engines = sorted(self.engines.values(), key=lambda e: e.index)
+        plan = self.plan
+        # The frontend sums num_gpu_blocks over its engines; capacity labels are per engine.
+        total_blocks = plan.num_gpu_blocks * len(engines)
+        lines = [
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            "# TYPE vllm:num_requests_running gauge",
+        ]
+        loads = {e.index: self.usage(e, now) for e in engines}
+        name = self.served_model_name
+        for e in engines:
+            lines.append(
+                f'vllm:num_requests_running{{engine="{e.index}",model_name="{name}"}} '
+                f"{float(loads[e.index][1])}"
+            )
+        lines += [
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge",
+        ]
+        for e in engines:
+            lines.append(
+                f'vllm:num_requests_waiting{{engine="{e.index}",model_name="{name}"}} '
+                f"{float(loads[e.index][2])}"
+            )
+        lines += [
+            "# HELP vllm:kv_cache_usage_perc KV-Cache usage. 1 means 100 percent usage.",
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+        ]
+        for e in engines:
+            lines.append(
+                f'vllm:kv_cache_usage_perc{{engine="{e.index}",model_name="{name}"}} '
+                f"{loads[e.index][0]}"
+            )
+        lines += [
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+            "# TYPE vllm:cache_config_info gauge",
+        ]
+        s = self.settings
+        for e in engines:
+            labels = {
+                "block_size": str(plan.block_size),
+                "cache_dtype": s.kv_cache_dtype,
+                "enable_prefix_caching": "True",
+                "engine": str(e.index),
+                "gpu_memory_utilization": "0.92",
+                "kv_cache_max_concurrency": repr(plan.max_concurrency),
+                "kv_cache_size_tokens": str(plan.kv_cache_size_tokens),
+                "num_gpu_blocks": str(total_blocks),
+                "num_gpu_blocks_override": "None",
+                "sliding_window": "None",
+            }
+            rendered = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+            lines.append(f"vllm:cache_config_info{{{rendered}}} 1.0")
+        return "\n".join(lines) + "\n"
+
+    def documents(self) -> dict[str, Any]:
+        return {
+            "/v1/models": {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.served_model_name,
+                        "object": "model",
+                        "created": 1764460800,
+                        "owned_by": "vllm",
+                        "root": self.model_path,
+                        "parent": None,
+                        "max_model_len": self.plan.max_model_len,
+                        "permission": [],
+                    }
+                ],
+            },
+            "/version": {"version": self.version},
+            "/kv_event_sources": {},
+        }
+
+    # --- HTTP -----------------------------------------------------------------------
+
+    def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        simulation = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path == "/metrics":
+                    body = simulation.render_metrics().encode()
+                    content_type = "text/plain; version=0.0.4; charset=utf-8"
+                elif self.path in simulation.documents():
+                    body = json.dumps(simulation.documents()[self.path]).encode()
+                    content_type = "application/json"
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                """Quiet: the demo prints its own summary."""
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(
+            target=self._server.serve_forever, daemon=True, name="simulated-vllm"
+        ).start()
+        return self.url
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "not started"
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,94 @@
+"""The exporter's HTTP routes: /metrics, /healthz, /readyz, /engines and a landing page.
+
+Every route only reads the current snapshot; nothing here can change state.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import msgspec
+
+from exporter import __version__
+from exporter.exposition.render import ExpositionCache
+from exporter.state import EngineView, Snapshot
+from exporter.web import Handler, Request, Response
+
+_JSON = "application/json"
+
+
+def build_routes(snapshot: Callable[[], Snapshot], cache: ExpositionCache) -> dict[str, Handler]:
+    def metrics(request: Request) -> Response:
+        body = cache.body(
+            accept=request.headers.get("accept"),
+            accept_encoding=request.headers.get("accept-encoding"),
+        )
+        headers = [("Vary", "Accept, Accept-Encoding")]
+        if body.gzipped:
+            headers.append(("Content-Encoding", "gzip"))
+        return Response(200, body.content, body.content_type, tuple(headers))
+
+    def healthz(request: Request) -> Response:
+        return Response(200, b"ok\n", "text/plain; charset=utf-8")
+
+    def readyz(request: Request) -> Response:
+        current = snapshot()
+        if current.ready:
+            return Response(200, b"ready\n", "text/plain; charset=utf-8")
+        waiting = [f"{s.source} {s.target}" for s in current.sources if not s.has_reported]
+        text = "not ready: waiting for " + ", ".join(waiting) + "\n"
+        return Response(503, text.encode(), "text/plain; charset=utf-8")
+
+    def engines(request: Request) -> Response:
+        return Response(200, msgspec.json.encode(engines_document(snapshot())), _JSON)
+
+    def landing(request: Request) -> Response:
+        return Response(200, landing_page(snapshot()).encode(), "text/html; charset=utf-8")
+
+    return {
+        "/metrics": metrics,
+        "/healthz": healthz,
+        "/readyz": readyz,
+        "/engines": engines,
+        "/": landing,
+    }
+
+
+def engine_document(view: EngineView) -> dict[str, Any]:
+    document = asdict(view)
+    document["used_tokens"] = view.used_tokens
+    return document
+
+
+def engines_document(current: Snapshot) -> dict[str, Any]:
+    return {
+        "version": __version__,
+        "ready": current.ready,
+        "engines": [engine_document(view) for view in current.engines],
+        "sources": [asdict(status) for status in current.sources],
+    }
+
+
+def landing_page(current: Snapshot) -> str:
+    rows = "".join(
+        f"<tr><td>{html.escape(v.engine)}</td><td>{html.escape(v.model_name)}</td>"
+        f"<td>{v.kv_cache_size_tokens if v.kv_cache_size_tokens is not None else '-'}</td>"
+        f"<td>{'' if v.max_concurrency is None else f'{v.max_concurrency:.2f}x'}</td>"
+        f"<td>{html.escape(v.capacity_source or '-')}</td>"
+        f"<td>{'stale' if v.stale else 'fresh'}</td></tr>"
+        for v in current.engines
+    )
+    return (
+        "<!doctype html><html><head><title>kvcap exporter</title></head><body>"
+        f"<h1>kvcap exporter {html.escape(__version__)}</h1>"
+        "<p>Group-aware vLLM KV cache capacity, per engine.</p><ul>"
+        '<li><a href="/metrics">/metrics</a></li>'
+        '<li><a href="/engines">/engines</a> (JSON)</li>'
+        '<li><a href="/healthz">/healthz</a></li><li><a href="/readyz">/readyz</a></li></ul>'
+        "<table border=1><tr><th>engine</th><th>model</th><th>capacity tokens</th>"
+        f"<th>max concurrency</th><th>source</th><th>state</th></tr>{rows}</table>"
+        "</body></html>"
+    )

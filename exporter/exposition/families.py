@@ -1,0 +1,270 @@
+"""Build the exporter's metric families from one snapshot (the metric contract, in code).
+
+docs/metrics.md documents every family built here; a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporter import __version__
+from exporter.state import EngineView, Snapshot
+
+ENGINE_LABELS = ("engine", "model_name")
+CAPACITY_MODEL = "vllm-0.33"
+
+
+@dataclass(frozen=True, slots=True)
+class _EngineGauge:
+    name: str
+    help: str
+    value: str  # EngineView attribute
+
+
+_ENGINE_GAUGES = (
+    _EngineGauge(
+        "kvcap_kv_cache_capacity_tokens",
+        "KV cache capacity of the engine in tokens: int(max_concurrency x "
+        "max_model_len), vLLM's 'GPU KV cache size'. Reported by vLLM where it "
+        "reports it, else derived.",
+        "kv_cache_size_tokens",
+    ),
+    _EngineGauge(
+        "kvcap_kv_cache_max_concurrency",
+        "Requests of max_model_len tokens the engine's KV cache holds at once.",
+        "max_concurrency",
+    ),
+    _EngineGauge(
+        "kvcap_kv_cache_blocks", "Blocks in the engine's shared KV cache pool.", "num_gpu_blocks"
+    ),
+    _EngineGauge(
+        "kvcap_kv_cache_block_size_tokens",
+        "Tokens per block (smallest block size of the prefix-cacheable groups).",
+        "block_size",
+    ),
+    _EngineGauge("kvcap_max_model_len_tokens", "The engine's max_model_len.", "max_model_len"),
+    _EngineGauge(
+        "kvcap_kv_cache_used_tokens",
+        "Tokens in use now: vllm:kv_cache_usage_perc x capacity tokens.",
+        "used_tokens",
+    ),
+    _EngineGauge(
+        "kvcap_kv_cache_derived_capacity_tokens",
+        "Capacity in tokens as kvcap's capacity model derives it from config.json "
+        "and the engine settings.",
+        "derived_kv_cache_size_tokens",
+    ),
+)
+
+
+def _label(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def engine_families(engines: tuple[EngineView, ...]) -> Iterator[Metric]:
+    info = GaugeMetricFamily(
+        "kvcap_engine_info",
+        "Identity of a vLLM engine (one data-parallel rank); always 1.",
+        labels=[*ENGINE_LABELS, "vllm_version", "instance_id", "sources"],
+    )
+    capacity_info = GaugeMetricFamily(
+        "kvcap_kv_cache_info",
+        "The engine's KV cache capacity as labels, like vllm:cache_config_info but per "
+        "engine and group-aware; always 1.",
+        labels=[
+            *ENGINE_LABELS,
+            "kv_cache_size_tokens",
+            "kv_cache_max_concurrency",
+            "num_gpu_blocks",
+            "block_size",
+            "max_model_len",
+            "cache_dtype",
+            "capacity_source",
+            "approximate",
+        ],
+    )
+    gauges = {
+        g.name: GaugeMetricFamily(g.name, g.help, labels=list(ENGINE_LABELS))
+        for g in _ENGINE_GAUGES
+    }
+    blocks_per_request = GaugeMetricFamily(
+        "kvcap_kv_cache_blocks_per_request",
+        "Blocks one request of max_model_len tokens needs, summed over KV cache groups.",
+        labels=list(ENGINE_LABELS),
+    )
+    mismatch = GaugeMetricFamily(
+        "kvcap_kv_cache_capacity_mismatch",
+        "1 when the capacity vLLM reports differs from the derived one, 0 when they agree.",
+        labels=list(ENGINE_LABELS),
+    )
+    stale = GaugeMetricFamily(
+        "kvcap_engine_stale",
+        "1 when every source of this engine failed its last read (last good data shown).",
+        labels=list(ENGINE_LABELS),
+    )
+    updated = GaugeMetricFamily(
+        "kvcap_engine_last_update_timestamp_seconds",
+        "When a source last read this engine successfully (Unix time).",
+        labels=list(ENGINE_LABELS),
+    )
+    kv_bytes = GaugeMetricFamily(
+        "kvcap_kv_cache_bytes",
+        "Bytes of KV cache tensors on each worker (TP x PP rank) of the engine.",
+        labels=[*ENGINE_LABELS, "worker"],
+    )
+    group_info = GaugeMetricFamily(
+        "kvcap_kv_cache_group_info",
+        "A KV cache group of the engine (layers that allocate blocks together); always 1.",
+        labels=[
+            *ENGINE_LABELS,
+            "group",
+            "kind",
+            "spec_type",
+            "block_size",
+            "sliding_window",
+            "attention_chunk_size",
+        ],
+    )
+    group_gauges = (
+        (
+            "kvcap_kv_cache_group_layers",
+            "Layers in the group on the first pipeline stage.",
+            "num_layers",
+        ),
+        (
+            "kvcap_kv_cache_group_blocks_per_request",
+            "Blocks one max_model_len request needs in this group.",
+            "blocks_per_request",
+        ),
+        (
+            "kvcap_kv_cache_group_page_bytes",
+            "Bytes of one block of this group per layer.",
+            "page_size_bytes",
+        ),
+    )
+    group_families = {
+        name: GaugeMetricFamily(name, text, labels=[*ENGINE_LABELS, "group"])
+        for name, text, _ in group_gauges
+    }
+
+    for view in engines:
+        ids = [view.engine, view.model_name]
+        info.add_metric(
+            [*ids, _label(view.vllm_version), _label(view.instance_id), ",".join(view.sources)], 1
+        )
+        stale.add_metric(ids, 1 if view.stale else 0)
+        updated.add_metric(ids, view.updated_at_s)
+        if view.kv_cache_size_tokens is not None:
+            capacity_info.add_metric(
+                [
+                    *ids,
+                    _label(view.kv_cache_size_tokens),
+                    _label(view.max_concurrency),
+                    _label(view.num_gpu_blocks),
+                    _label(view.block_size),
+                    _label(view.max_model_len),
+                    _label(view.cache_dtype),
+                    _label(view.capacity_source),
+                    _label(view.approximate),
+                ],
+                1,
+            )
+        for gauge in _ENGINE_GAUGES:
+            value = getattr(view, gauge.value)
+            if value is not None:
+                gauges[gauge.name].add_metric(ids, value)
+        if view.groups:
+            blocks_per_request.add_metric(ids, sum(g.blocks_per_request for g in view.groups))
+        if view.capacity_mismatch is not None:
+            mismatch.add_metric(ids, 1 if view.capacity_mismatch else 0)
+        for worker, size in enumerate(view.kv_cache_bytes_per_worker):
+            kv_bytes.add_metric([*ids, str(worker)], size)
+        for index, group in enumerate(view.groups):
+            group_ids = [*ids, str(index)]
+            group_info.add_metric(
+                [
+                    *group_ids,
+                    group.kind,
+                    group.spec_type,
+                    str(group.block_size),
+                    _label(group.sliding_window),
+                    _label(group.attention_chunk_size),
+                ],
+                1,
+            )
+            for name, _, attribute in group_gauges:
+                group_families[name].add_metric(group_ids, getattr(group, attribute))
+
+    yield info
+    yield capacity_info
+    yield from gauges.values()
+    yield blocks_per_request
+    yield mismatch
+    yield stale
+    yield updated
+    yield kv_bytes
+    yield group_info
+    yield from group_families.values()
+
+
+def self_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """The exporter's own health, node_exporter style."""
+    build = GaugeMetricFamily(
+        "kvcap_build_info",
+        "kvcap's version and the vLLM capacity model it follows; always 1.",
+        labels=["version", "python_version", "capacity_model"],
+    )
+    build.add_metric([__version__, sys.version.split()[0], CAPACITY_MODEL], 1)
+    yield build
+
+    up = GaugeMetricFamily(
+        "kvcap_source_up",
+        "1 when the source's last read of the target succeeded.",
+        labels=["source", "target"],
+    )
+    last_success = GaugeMetricFamily(
+        "kvcap_source_last_success_timestamp_seconds",
+        "When the source last read the target successfully (Unix time).",
+        labels=["source", "target"],
+    )
+    success = GaugeMetricFamily(
+        "kvcap_scrape_collector_success",
+        "1 when every target of the collector (source) succeeded on its last read.",
+        labels=["collector"],
+    )
+    duration = GaugeMetricFamily(
+        "kvcap_scrape_collector_duration_seconds",
+        "How long the collector's (source's) last reads took, summed over its targets.",
+        labels=["collector"],
+    )
+    by_source: dict[str, list[bool]] = {}
+    durations: dict[str, float] = {}
+    for status in snapshot.sources:
+        up.add_metric([status.source, status.target], 1 if status.up else 0)
+        if status.last_success_s is not None:
+            last_success.add_metric([status.source, status.target], status.last_success_s)
+        by_source.setdefault(status.source, []).append(status.up)
+        durations[status.source] = durations.get(status.source, 0.0) + (
+            status.last_duration_s or 0.0
+        )
+    for source, ups in by_source.items():
+        success.add_metric([source], 1 if all(ups) else 0)
+        duration.add_metric([source], durations[source])
+    errors = CounterMetricFamily(
+        "kvcap_source_errors",
+        "Failed reads and rejected inputs, by source and reason.",
+        labels=["source", "reason"],
+    )
+    for (source, reason), count in sorted(snapshot.errors.items()):
+        errors.add_metric([source, reason], count)
+    yield from (up, last_success, success, duration, errors)

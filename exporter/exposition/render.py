@@ -1,0 +1,131 @@
+"""Render /metrics bodies from snapshots, once per snapshot, in both formats.
+
+The exposition is a pure function of the snapshot, so it is rendered when the snapshot
+changes and served as bytes until the next change. Only the process_* series (CPU,
+memory of this process) are rendered per scrape, and appended.
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client import exposition as text_format
+from prometheus_client.core import Metric
+from prometheus_client.openmetrics import exposition as openmetrics_format
+
+from exporter.exposition.families import engine_families, self_families
+from exporter.state import Snapshot
+
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+_EOF = b"# EOF\n"
+# Fast compression: bodies are re-compressed only when the snapshot changes, but a
+# smaller level keeps that cheap for large deployments.
+_GZIP_LEVEL = 6
+
+
+class _Families:
+    """A collector that yields prepared families (prometheus_client's Collector protocol)."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+def _render(families: Iterable[Metric], openmetrics: bool) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))
+    if openmetrics:
+        # prometheus_client's OpenMetrics module has no type annotations.
+        body: bytes = openmetrics_format.generate_latest(registry)  # type: ignore[no-untyped-call]
+        return body
+    return text_format.generate_latest(registry)
+
+
+@dataclass(frozen=True, slots=True)
+class _Rendered:
+    version: int
+    text: bytes
+    openmetrics: bytes  # without "# EOF": the per-scrape part ends the body
+    text_gzip: bytes
+    openmetrics_gzip: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    content: bytes
+    content_type: str
+    gzipped: bool
+
+
+def wants_openmetrics(accept: str | None) -> bool:
+    return bool(accept) and "application/openmetrics-text" in accept  # type: ignore[operator]
+
+
+def wants_gzip(accept_encoding: str | None) -> bool:
+    if not accept_encoding:
+        return False
+    return any(part.split(";")[0].strip() == "gzip" for part in accept_encoding.split(","))
+
+
+class ExpositionCache:
+    """Serves the /metrics body for the current snapshot, rendering it at most once."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot], *, process_metrics: bool = True) -> None:
+        self._snapshot = snapshot
+        self._lock = threading.Lock()
+        self._rendered: _Rendered | None = None
+        self._process = ProcessCollector(registry=None) if process_metrics else None
+
+    def body(self, *, accept: str | None = None, accept_encoding: str | None = None) -> Body:
+        rendered = self._current()
+        openmetrics = wants_openmetrics(accept)
+        tail = self._per_scrape(openmetrics)
+        if wants_gzip(accept_encoding):
+            # A gzip stream may hold several members (RFC 1952, section 2.2); every gzip
+            # reader, Prometheus' included, concatenates them. So the cached member is
+            # reused and only the small per-scrape part is compressed now.
+            head = rendered.openmetrics_gzip if openmetrics else rendered.text_gzip
+            content = head + gzip.compress(tail, compresslevel=1)
+            gzipped = True
+        else:
+            content = (rendered.openmetrics if openmetrics else rendered.text) + tail
+            gzipped = False
+        content_type = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
+        return Body(content, content_type, gzipped)
+
+    def _current(self) -> _Rendered:
+        snapshot = self._snapshot()
+        rendered = self._rendered
+        if rendered is not None and rendered.version == snapshot.version:
+            return rendered
+        with self._lock:
+            rendered = self._rendered
+            if rendered is None or rendered.version != snapshot.version:
+                rendered = self._render(snapshot)
+                self._rendered = rendered
+        return rendered
+
+    @staticmethod
+    def _render(snapshot: Snapshot) -> _Rendered:
+        families = [*engine_families(snapshot.engines), *self_families(snapshot)]
+        text = _render(families, openmetrics=False)
+        openmetrics = _render(families, openmetrics=True).removesuffix(_EOF)
+        return _Rendered(
+            version=snapshot.version,
+            text=text,
+            openmetrics=openmetrics,
+            text_gzip=gzip.compress(text, compresslevel=_GZIP_LEVEL, mtime=0),
+            openmetrics_gzip=gzip.compress(openmetrics, compresslevel=_GZIP_LEVEL, mtime=0),
+        )
+
+    def _per_scrape(self, openmetrics: bool) -> bytes:
+        if self._process is None:
+            return _EOF if openmetrics else b""
+        return _render(self._process.collect(), openmetrics)

@@ -1,0 +1,5 @@
+"""Sources: each turns one outside interface into engine reports; they register themselves."""
+
+from exporter.sources.registry import SOURCES, Source, SourceSpec, register_source
+
+__all__ = ["SOURCES", "Source", "SourceSpec", "register_source"]

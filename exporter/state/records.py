@@ -1,0 +1,46 @@
+"""What sources tell the state about engines: typed, immutable records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.capacity import CapacityResult, GroupCapacity
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedCapacity:
+    """Capacity numbers vLLM itself reported for one engine (any may be unknown)."""
+
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    kv_cache_size_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_model_len: int | None = None
+    cache_dtype: str | None = None
+    # From the handshake plugin's extras: the groups and bytes per block vLLM planned.
+    groups: tuple[GroupCapacity, ...] = ()
+    bytes_per_block_per_worker: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class KvUsage:
+    """Live load of one engine, from vLLM's own gauges."""
+
+    usage_ratio: float | None = None  # vllm:kv_cache_usage_perc (0..1)
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReport:
+    """One source's view of one engine (one data-parallel rank)."""
+
+    engine: str  # vLLM's engine index = global DP rank, as vLLM spells it in labels
+    model_name: str
+    instance_id: str | None = None
+    vllm_version: str | None = None
+    reported: ReportedCapacity | None = None
+    derived: CapacityResult | None = None
+    # Why the capacity model could not derive this engine, when it could not.
+    derivation_error: str | None = None
+    usage: KvUsage | None = None

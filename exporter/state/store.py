@@ -1,0 +1,202 @@
+"""The per-engine state: sources write into it, the scrape path reads its snapshot."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import structlog
+
+from exporter.state.records import EngineReport
+from exporter.state.snapshot import (
+    EMPTY,
+    Snapshot,
+    SourceReports,
+    SourceStatus,
+    build_engine_views,
+)
+
+log = structlog.get_logger("kvcap.state")
+
+
+class StateSink(Protocol):
+    """What a source may do to the state. Sources never read it."""
+
+    def register_target(self, source: str, target: str) -> None: ...
+
+    def publish(
+        self,
+        source: str,
+        target: str,
+        reports: Sequence[EngineReport],
+        *,
+        duration_s: float | None = None,
+    ) -> None: ...
+
+    def fail(
+        self,
+        source: str,
+        target: str,
+        reason: str,
+        message: str,
+        *,
+        duration_s: float | None = None,
+    ) -> None: ...
+
+    def forget(self, source: str, target: str, engine: str | None = None) -> None: ...
+
+
+@dataclass(slots=True)
+class _Target:
+    status: SourceStatus
+    reports: SourceReports | None = None
+
+
+class StateStore:
+    """Thread-safe holder of every source's last good reports.
+
+    Each change builds a new immutable `Snapshot` and swaps it in, so a scrape reads one
+    consistent view without locks. Errors keep the last good data, marked stale.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._targets: dict[tuple[str, str], _Target] = {}
+        self._errors: dict[tuple[str, str], int] = {}
+        self._version = 0
+        self._snapshot = EMPTY
+
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    def register_target(self, source: str, target: str) -> None:
+        with self._lock:
+            self._target(source, target)
+            self._rebuild()
+
+    def publish(
+        self,
+        source: str,
+        target: str,
+        reports: Sequence[EngineReport],
+        *,
+        duration_s: float | None = None,
+    ) -> None:
+        """A successful read: these are all the engines this target has now."""
+        now = self._clock()
+        with self._lock:
+            entry = self._target(source, target)
+            self._log_changes(entry, reports)
+            if not entry.status.up and entry.status.has_reported:
+                log.info("source recovered", source=source, target=target)
+            entry.reports = SourceReports(source, target, tuple(reports), now, stale=False)
+            entry.status = replace(
+                entry.status,
+                up=True,
+                has_reported=True,
+                last_success_s=now,
+                last_duration_s=duration_s,
+                last_error=None,
+            )
+            self._rebuild()
+
+    def fail(
+        self,
+        source: str,
+        target: str,
+        reason: str,
+        message: str,
+        *,
+        duration_s: float | None = None,
+    ) -> None:
+        """A failed read: count it, keep the last good data, mark it stale."""
+        with self._lock:
+            entry = self._target(source, target)
+            if entry.status.up or not entry.status.has_reported:
+                # Log once per state change, not once per poll.
+                log.warning(
+                    "source failed", source=source, target=target, reason=reason, error=message
+                )
+            key = (source, reason)
+            self._errors[key] = self._errors.get(key, 0) + 1
+            if entry.reports is not None:
+                entry.reports = replace(entry.reports, stale=True)
+            entry.status = replace(
+                entry.status,
+                up=False,
+                has_reported=True,
+                last_duration_s=duration_s,
+                last_error=f"{reason}: {message}",
+            )
+            self._rebuild()
+
+    def forget(self, source: str, target: str, engine: str | None = None) -> None:
+        """Drop an engine (clean shutdown) or every engine of a target."""
+        with self._lock:
+            entry = self._targets.get((source, target))
+            if entry is None or entry.reports is None:
+                return
+            kept = tuple(
+                r for r in entry.reports.reports if engine is not None and r.engine != engine
+            )
+            for report in entry.reports.reports:
+                if report not in kept:
+                    log.info("engine removed", source=source, target=target, engine=report.engine)
+            entry.reports = replace(entry.reports, reports=kept)
+            self._rebuild()
+
+    def _target(self, source: str, target: str) -> _Target:
+        key = (source, target)
+        if key not in self._targets:
+            self._targets[key] = _Target(
+                SourceStatus(
+                    source,
+                    target,
+                    up=False,
+                    has_reported=False,
+                    last_success_s=None,
+                    last_duration_s=None,
+                    last_error=None,
+                )
+            )
+        return self._targets[key]
+
+    def _log_changes(self, entry: _Target, reports: Sequence[EngineReport]) -> None:
+        before = {r.engine: r for r in entry.reports.reports} if entry.reports else {}
+        after = {r.engine: r for r in reports}
+        source, target = entry.status.source, entry.status.target
+        for engine, report in after.items():
+            old = before.get(engine)
+            if old is None:
+                log.info(
+                    "engine added",
+                    source=source,
+                    target=target,
+                    engine=engine,
+                    model_name=report.model_name,
+                )
+            elif old.instance_id != report.instance_id:
+                log.info(
+                    "engine restarted",
+                    source=source,
+                    target=target,
+                    engine=engine,
+                    instance_id=report.instance_id,
+                )
+        for engine in before.keys() - after.keys():
+            log.info("engine vanished", source=source, target=target, engine=engine)
+
+    def _rebuild(self) -> None:
+        self._version += 1
+        entries = [t.reports for t in self._targets.values() if t.reports is not None]
+        self._snapshot = Snapshot(
+            version=self._version,
+            engines=build_engine_views(entries),
+            sources=tuple(t.status for _, t in sorted(self._targets.items())),
+            errors=dict(self._errors),
+            taken_at_s=self._clock(),
+        )
