@@ -5,7 +5,9 @@ from __future__ import annotations
 import gzip
 import re
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families
@@ -65,15 +67,16 @@ def test_openmetrics_and_gzip_variants_carry_the_same_samples() -> None:
     assert om.endswith("# EOF\n")
     assert om.count("# EOF") == 1
 
-    def samples(families: object) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+    def samples(families: Iterable[Any]) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
         return {
             (s.name.removesuffix("_total"), tuple(sorted(s.labels.items())))
             for f in families
-            for s in f.samples  # type: ignore[attr-defined]
+            for s in f.samples
             if s.name.startswith("kvcap_") and not s.name.endswith("_created")
         }
 
-    assert samples(text_string_to_metric_families(text)) == samples(parse_om(om))
+    openmetrics_families = parse_om(om)  # type: ignore[no-untyped-call]
+    assert samples(text_string_to_metric_families(text)) == samples(openmetrics_families)
 
 
 def test_rendering_happens_once_per_snapshot() -> None:

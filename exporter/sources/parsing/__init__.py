@@ -1,0 +1,29 @@
+"""Pure parsers of what vLLM shows the outside: its `/metrics` text and its command line.
+
+No I/O happens here; sources fetch the text and pass a string.
+"""
+
+from exporter.sources.parsing.cache_config_info import CacheConfigInfo, parse_cache_config_info
+from exporter.sources.parsing.exposition import (
+    VLLM_FAMILIES,
+    MalformedExposition,
+    Sample,
+    parse_vllm_metrics,
+)
+from exporter.sources.parsing.vllm_args import (
+    VllmServeArgs,
+    parse_vllm_serve_args,
+    to_engine_settings,
+)
+
+__all__ = [
+    "VLLM_FAMILIES",
+    "CacheConfigInfo",
+    "MalformedExposition",
+    "Sample",
+    "VllmServeArgs",
+    "parse_cache_config_info",
+    "parse_vllm_metrics",
+    "parse_vllm_serve_args",
+    "to_engine_settings",
+]

@@ -1,0 +1,121 @@
+"""Typed records of vLLM's `vllm:cache_config_info` series, one per `engine` label.
+
+vLLM writes `str()` of every `CacheConfig` field as a label, so the label set changes
+between releases: labels are read by key, unknown ones are ignored, and a missing label
+or the text "None" gives None. Per-engine vs sum is left to the caller: `num_gpu_blocks`
+is the sum over the engines one API server manages, while `kv_cache_size_tokens` and
+`kv_cache_max_concurrency` are one engine's values (see the vLLM interfaces reference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from exporter.sources.parsing.exposition import MalformedExposition, Sample
+
+FAMILY = "vllm:cache_config_info"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheConfigInfo:
+    """The `cache_config_info` labels of one engine; None where absent or "None"."""
+
+    engine: str  # the global DP rank as vLLM writes it; "" on a series without the label
+    labels: Mapping[str, str]  # every label, as written
+    num_gpu_blocks: int | None
+    block_size: int | None
+    kv_cache_size_tokens: int | None
+    kv_cache_max_concurrency: float | None
+    gpu_memory_utilization: float | None
+    cache_dtype: str | None
+    enable_prefix_caching: bool | None
+    num_gpu_blocks_override: int | None
+    sliding_window: int | None
+    mamba_block_size: int | None
+    effective_attention_block_size: int | None
+    kv_cache_memory_bytes: int | None
+    user_specified_block_size: bool | None
+
+
+def parse_cache_config_info(samples: Iterable[Sample]) -> list[CacheConfigInfo]:
+    """One record per distinct `engine` label value, in order of first appearance.
+
+    A repeated engine keeps its last series (vLLM writes identical ones). Raises
+    MalformedExposition naming the label when a value is not what vLLM writes there.
+    """
+    by_engine: dict[str, CacheConfigInfo] = {}
+    for sample in samples:
+        engine = sample.labels.get("engine", "")
+        by_engine[engine] = _record(engine, _Labels(engine, sample.labels))
+    return list(by_engine.values())
+
+
+def _record(engine: str, labels: _Labels) -> CacheConfigInfo:
+    return CacheConfigInfo(
+        engine=engine,
+        labels=dict(labels.raw),
+        num_gpu_blocks=labels.integer("num_gpu_blocks"),
+        block_size=labels.integer("block_size"),
+        kv_cache_size_tokens=labels.integer("kv_cache_size_tokens"),
+        kv_cache_max_concurrency=labels.real("kv_cache_max_concurrency"),
+        gpu_memory_utilization=labels.real("gpu_memory_utilization"),
+        cache_dtype=labels.text("cache_dtype"),
+        enable_prefix_caching=labels.boolean("enable_prefix_caching"),
+        num_gpu_blocks_override=labels.integer("num_gpu_blocks_override"),
+        sliding_window=labels.integer("sliding_window"),
+        mamba_block_size=labels.integer("mamba_block_size"),
+        effective_attention_block_size=labels.integer("effective_attention_block_size"),
+        kv_cache_memory_bytes=labels.integer("kv_cache_memory_bytes"),
+        user_specified_block_size=labels.boolean("user_specified_block_size"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Labels:
+    """Typed reads of one series' labels; errors name the engine and the label."""
+
+    engine: str
+    raw: Mapping[str, str]
+
+    def text(self, key: str) -> str | None:
+        value = self.raw.get(key)
+        # `str(None)` is how vLLM writes an unset field; an empty value is as good as absent.
+        return None if value in (None, "", "None") else value
+
+    def integer(self, key: str) -> int | None:
+        value = self.text(key)
+        if value is None:
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            pass
+        # Tolerate `16.0`, should a release ever write an int field through a float.
+        number = self._float(key, value, "an integer")
+        if not number.is_integer():
+            raise self._error(key, value, "an integer")
+        return int(number)
+
+    def real(self, key: str) -> float | None:
+        value = self.text(key)
+        return None if value is None else self._float(key, value, "a number")
+
+    def boolean(self, key: str) -> bool | None:
+        value = self.text(key)
+        if value is None:
+            return None
+        if value not in ("True", "False"):
+            raise self._error(key, value, '"True" or "False"')
+        return value == "True"
+
+    def _float(self, key: str, value: str, expected: str) -> float:
+        try:
+            return float(value)
+        except ValueError:
+            raise self._error(key, value, expected) from None
+
+    def _error(self, key: str, value: str, expected: str) -> MalformedExposition:
+        return MalformedExposition(
+            f"{FAMILY} engine {self.engine!r}: label {key}={value!r} is not {expected}"
+        )

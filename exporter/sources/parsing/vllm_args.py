@@ -1,0 +1,314 @@
+"""The capacity-relevant flags of a `vllm serve` command line, read without vLLM.
+
+    parse_vllm_serve_args("/models/x -tp 2 --max-model-len 32k") -> VllmServeArgs(...)
+    parse_vllm_serve_args(["python3", "-m", "vllm.entrypoints.openai.api_server", ...])
+
+It reads the argument string the Helm chart hands to both containers (`--vllm.args`) or
+an argv list from /proc/<pid>/cmdline. Like vLLM's FlexibleArgumentParser it takes
+`--flag=value` and `--flag value`, underscores for dashes, and the last of a repeated
+flag. Flags it does not know are skipped with their value, if any.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.capacity import EngineSettings
+from exporter.errors import ConfigError
+from exporter.units import parse_count, parse_size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VllmServeArgs:
+    """What the command line says; None means "not given" (vLLM's default applies)."""
+
+    model: str | None = None
+    served_model_name: str | None = None  # the first name: the `model_name` metric label
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    data_parallel_size: int | None = None
+    data_parallel_size_local: int | None = None
+    data_parallel_start_rank: int | None = None
+    data_parallel_rank: int | None = None  # set only under external load balancing
+    decode_context_parallel_size: int | None = None
+    max_model_len: int | None = None  # -1: auto-fit to the available memory
+    block_size: int | None = None
+    kv_cache_dtype: str | None = None
+    dtype: str | None = None
+    max_num_batched_tokens: int | None = None
+    num_gpu_blocks_override: int | None = None
+    gpu_memory_utilization: float | None = None
+    enable_prefix_caching: bool | None = None
+    mamba_cache_dtype: str | None = None
+    mamba_ssm_cache_dtype: str | None = None
+    kv_cache_memory_bytes: int | None = None
+
+    @property
+    def model_name(self) -> str | None:
+        """The name vLLM serves and labels metrics with: the first served name, or the model."""
+        return self.served_model_name or self.model
+
+
+def parse_vllm_serve_args(args: str | Sequence[str]) -> VllmServeArgs:
+    """Read a `vllm serve` argument string or argv list; raises ConfigError naming a flag.
+
+    A string is split as a POSIX shell would (shlex). A leading launcher (`vllm serve`,
+    `python -m vllm.entrypoints.openai.api_server`, ...) is skipped. The model is the first
+    positional argument, else `--model`.
+    """
+    try:
+        tokens = shlex.split(args) if isinstance(args, str) else list(args)
+    except ValueError as error:  # an unbalanced quote
+        raise ConfigError(f"cannot split the vLLM arguments: {error}") from None
+    values: dict[str, Any] = {}  # VllmServeArgs fields, typed by the converters
+    positionals: list[str] = []
+    tokens = _after_launcher(tokens)
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        index += 1
+        if token == "--":
+            positionals.extend(tokens[index:])
+            break
+        if not _is_flag(token):
+            positionals.append(token)
+            continue
+        flag, has_value, value = _split_flag(token)
+        if flag in _BOOLEANS:
+            field, meaning = _BOOLEANS[flag]
+            if not has_value and index < len(tokens) and tokens[index].lower() in _LITERALS:
+                # Older releases declared booleans with nargs="?": `--flag False`.
+                has_value, value = True, tokens[index]
+                index += 1
+            values[field] = meaning if not has_value else meaning == _literal(flag, value)
+        elif flag == "--served-model-name":
+            names, index = _greedy_values(tokens, index, flag, value if has_value else None)
+            values["served_model_name"] = names[0]
+        elif flag in _FLAGS:
+            field, convert = _FLAGS[flag]
+            if not has_value:
+                if index >= len(tokens) or _is_flag(tokens[index]):
+                    raise ConfigError(f"{flag} needs a value")
+                value = tokens[index]
+                index += 1
+            values[field] = convert(flag, value)
+        elif (
+            not has_value
+            and _takes_value(flag)
+            and index < len(tokens)
+            and not _is_flag(tokens[index])
+        ):
+            # An unknown flag swallows at most one token, and never one that is a flag.
+            index += 1
+    # `vllm serve` prefers the positional model over --model (cli/serve.py).
+    if positionals:
+        values["model"] = positionals[0]
+    return dataclasses.replace(VllmServeArgs(), **values)
+
+
+def to_engine_settings(args: VllmServeArgs) -> EngineSettings:
+    """The capacity model's settings; flags not given keep EngineSettings' defaults."""
+    given = {
+        field.name: getattr(args, field.name)
+        for field in dataclasses.fields(EngineSettings)
+        if getattr(args, field.name, None) is not None
+    }
+    return dataclasses.replace(EngineSettings(), **given)
+
+
+# --- launcher -------------------------------------------------------------------------
+
+# `python -m <module>` entry points whose own flags follow the module name.
+_API_SERVER_MODULES = frozenset(
+    {"vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server"}
+)
+_CLI_MODULES = frozenset({"vllm.entrypoints.cli.main"})
+
+
+def _after_launcher(tokens: list[str]) -> list[str]:
+    """The tokens after `[python ...] vllm serve` or `python -m <api server module>`."""
+    if tokens[:1] == ["serve"]:
+        return tokens[1:]
+    for index, token in enumerate(tokens):
+        if token.startswith("--"):
+            break  # the launcher, if any, comes before the first long flag
+        previous = tokens[index - 1] if index else ""
+        if token == "serve" and (os.path.basename(previous) == "vllm" or previous in _CLI_MODULES):
+            return tokens[index + 1 :]
+        if token in _API_SERVER_MODULES and previous == "-m":
+            return tokens[index + 1 :]
+    return tokens
+
+
+# --- tokens ---------------------------------------------------------------------------
+
+# argparse reads a token that looks like a negative number as a value, not a flag.
+_NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
+_LITERALS = frozenset({"true", "false"})
+
+
+def _is_flag(token: str) -> bool:
+    return token.startswith("-") and token != "-" and not _NEGATIVE_NUMBER.fullmatch(token)
+
+
+def _split_flag(token: str) -> tuple[str, bool, str]:
+    """(canonical flag, whether `=value` was attached, the value)."""
+    flag, equals, value = token.partition("=")
+    if flag.startswith("--"):
+        # vLLM's FlexibleArgumentParser accepts `--max_model_len` for `--max-model-len`.
+        flag = flag.replace("_", "-")
+    return flag, bool(equals), value
+
+
+def _literal(flag: str, value: str) -> bool:
+    if value.lower() not in _LITERALS:
+        raise ConfigError(f"{flag} takes no value or true/false, got {value!r}")
+    return value.lower() == "true"
+
+
+def _greedy_values(
+    tokens: list[str], index: int, flag: str, attached: str | None
+) -> tuple[list[str], int]:
+    """Values of an nargs="+" flag: the attached one, or every token up to the next flag."""
+    if attached is not None:
+        return [attached], index
+    start = index
+    while index < len(tokens) and not _is_flag(tokens[index]):
+        index += 1
+    if index == start:
+        raise ConfigError(f"{flag} needs a value")
+    return tokens[start:index], index
+
+
+# Unknown flags of these shapes are switches in vLLM (store_true or BooleanOptionalAction),
+# so the token after them is not their value: `--trust-remote-code /models/x`.
+_SWITCH_PREFIXES = ("--enable-", "--disable-", "--no-")
+_SWITCHES = frozenset(
+    {
+        "--trust-remote-code",
+        "--enforce-eager",
+        "--headless",
+        "--async-scheduling",
+        "--data-parallel-hybrid-lb",
+        "--data-parallel-external-lb",
+        "--skip-tokenizer-init",
+        "--calculate-kv-scales",
+        "--kv-sharing-fast-prefill",
+        "--use-tqdm-on-load",
+        "--ray-workers-use-nsight",
+        "--fully-sharded-loras",
+        "--interleave-mm-strings",
+        "--skip-mm-profiling",
+        "--return-tokens-as-token-ids",
+    }
+)
+
+
+def _takes_value(flag: str) -> bool:
+    # `-O3` is `--compilation-config 3` with the value attached.
+    if re.fullmatch(r"-O\d", flag):
+        return False
+    return flag not in _SWITCHES and not flag.startswith(_SWITCH_PREFIXES)
+
+
+# --- values ---------------------------------------------------------------------------
+
+
+def _integer(minimum: int) -> Callable[[str, str], int]:
+    def convert(flag: str, text: str) -> int:
+        try:
+            value = int(text)  # what argparse's type=int accepts
+        except ValueError:
+            raise ConfigError(f"{flag} must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise ConfigError(f"{flag} must be at least {minimum}, got {value}")
+        return value
+
+    return convert
+
+
+def _count(flag: str, text: str) -> int:
+    """vLLM's human_readable_int: `8192`, `8k` (8000), `8K` (8192)."""
+    try:
+        value = parse_count(text)
+    except ConfigError as error:
+        raise ConfigError(f"{flag}: {error}") from None
+    if value < 1:
+        raise ConfigError(f"{flag} must be a positive integer, got {text!r}")
+    return value
+
+
+def _max_model_len(flag: str, text: str) -> int:
+    # -1 and `auto` ask vLLM to fit the longest context the KV cache holds.
+    if text.strip().lower() in ("auto", "-1"):
+        return -1
+    return _count(flag, text)
+
+
+def _bytes(flag: str, text: str) -> int:
+    try:
+        return parse_size(text)
+    except ConfigError as error:
+        raise ConfigError(f"{flag}: {error}") from None
+
+
+def _fraction(flag: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{flag} must be a number, got {text!r}") from None
+    # vLLM's CacheConfig: gt=0, le=1.
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise ConfigError(f"{flag} must be in (0, 1], got {text!r}")
+    return value
+
+
+def _name(flag: str, text: str) -> str:
+    if not text:
+        raise ConfigError(f"{flag} needs a non-empty value")
+    return text
+
+
+_POSITIVE = _integer(1)
+_RANK = _integer(0)
+
+# Flag -> (VllmServeArgs field, converter). Short aliases as vLLM's arg_utils declares them.
+_FLAGS: dict[str, tuple[str, Callable[[str, str], object]]] = {
+    "--model": ("model", _name),
+    "--tensor-parallel-size": ("tensor_parallel_size", _POSITIVE),
+    "-tp": ("tensor_parallel_size", _POSITIVE),
+    "--pipeline-parallel-size": ("pipeline_parallel_size", _POSITIVE),
+    "-pp": ("pipeline_parallel_size", _POSITIVE),
+    "--data-parallel-size": ("data_parallel_size", _POSITIVE),
+    "-dp": ("data_parallel_size", _POSITIVE),
+    "--data-parallel-size-local": ("data_parallel_size_local", _RANK),
+    "-dpl": ("data_parallel_size_local", _RANK),
+    "--data-parallel-start-rank": ("data_parallel_start_rank", _RANK),
+    "-dpr": ("data_parallel_start_rank", _RANK),
+    "--data-parallel-rank": ("data_parallel_rank", _RANK),
+    "-dpn": ("data_parallel_rank", _RANK),
+    "--decode-context-parallel-size": ("decode_context_parallel_size", _POSITIVE),
+    "-dcp": ("decode_context_parallel_size", _POSITIVE),
+    "--max-model-len": ("max_model_len", _max_model_len),
+    "--block-size": ("block_size", _POSITIVE),
+    "--kv-cache-dtype": ("kv_cache_dtype", _name),
+    "--dtype": ("dtype", _name),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", _count),
+    "--num-gpu-blocks-override": ("num_gpu_blocks_override", _POSITIVE),
+    "--gpu-memory-utilization": ("gpu_memory_utilization", _fraction),
+    "--mamba-cache-dtype": ("mamba_cache_dtype", _name),
+    "--mamba-ssm-cache-dtype": ("mamba_ssm_cache_dtype", _name),
+    "--kv-cache-memory-bytes": ("kv_cache_memory_bytes", _bytes),
+}
+
+_BOOLEANS: dict[str, tuple[str, bool]] = {
+    "--enable-prefix-caching": ("enable_prefix_caching", True),
+    "--no-enable-prefix-caching": ("enable_prefix_caching", False),
+}
