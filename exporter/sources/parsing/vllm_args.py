@@ -99,13 +99,7 @@ def parse_vllm_serve_args(args: str | Sequence[str]) -> VllmServeArgs:
                 value = tokens[index]
                 index += 1
             values[field] = convert(flag, value)
-        elif (
-            not has_value
-            and _takes_value(flag)
-            and index < len(tokens)
-            and not _is_flag(tokens[index])
-        ):
-            # An unknown flag swallows at most one token, and never one that is a flag.
+        elif not has_value and index < len(tokens) and _swallows(flag, tokens[index]):
             index += 1
     # `vllm serve` prefers the positional model over --model (cli/serve.py).
     if positionals:
@@ -190,6 +184,7 @@ def _greedy_values(
 # Unknown flags of these shapes are switches in vLLM (store_true or BooleanOptionalAction),
 # so the token after them is not their value: `--trust-remote-code /models/x`.
 _SWITCH_PREFIXES = ("--enable-", "--disable-", "--no-")
+_OPTIMIZATION = re.compile(r"-O\d")
 _SWITCHES = frozenset(
     {
         "--trust-remote-code",
@@ -211,11 +206,17 @@ _SWITCHES = frozenset(
 )
 
 
-def _takes_value(flag: str) -> bool:
-    # `-O3` is `--compilation-config 3` with the value attached.
-    if re.fullmatch(r"-O\d", flag):
+def _swallows(flag: str, following: str) -> bool:
+    """Whether the unknown `flag` takes `following` as its value.
+
+    At most one token, and never one that is a flag, so an unknown flag cannot hide a
+    known one. A switch takes only a true/false literal, as older releases allowed.
+    """
+    if _is_flag(following):
         return False
-    return flag not in _SWITCHES and not flag.startswith(_SWITCH_PREFIXES)
+    # `-O3` is `--compilation-config 3` with the value attached.
+    switch = flag in _SWITCHES or flag.startswith(_SWITCH_PREFIXES) or _OPTIMIZATION.fullmatch(flag)
+    return not switch or following.lower() in _LITERALS
 
 
 # --- values ---------------------------------------------------------------------------

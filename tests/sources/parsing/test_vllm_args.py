@@ -213,6 +213,11 @@ def test_unknown_flags_are_skipped(unknown: str) -> None:
         ), command
 
 
+def test_an_unknown_switch_takes_a_boolean_literal() -> None:
+    args = parse_vllm_serve_args("--model /models/x --enable-chunked-prefill False -tp 2")
+    assert args == VllmServeArgs(model="/models/x", tensor_parallel_size=2)
+
+
 def test_an_unknown_flag_never_swallows_a_known_flag() -> None:
     args = parse_vllm_serve_args("/m --some-new-flag --block-size 32 --other -1 --dtype half")
     assert args.block_size == 32
