@@ -214,8 +214,12 @@ def _swallows(flag: str, following: str) -> bool:
     """
     if _is_flag(following):
         return False
-    # `-O3` is `--compilation-config 3` with the value attached.
-    switch = flag in _SWITCHES or flag.startswith(_SWITCH_PREFIXES) or _OPTIMIZATION.fullmatch(flag)
+    switch = (
+        flag in _SWITCHES
+        or flag.startswith(_SWITCH_PREFIXES)
+        # `-O3` is `--compilation-config 3` with the value attached.
+        or _OPTIMIZATION.fullmatch(flag) is not None
+    )
     return not switch or following.lower() in _LITERALS
 
 
@@ -271,7 +275,7 @@ def _fraction(flag: str, text: str) -> float:
     return value
 
 
-def _name(flag: str, text: str) -> str:
+def _text(flag: str, text: str) -> str:
     if not text:
         raise ConfigError(f"{flag} needs a non-empty value")
     return text
@@ -282,7 +286,7 @@ _RANK = _integer(0)
 
 # Flag -> (VllmServeArgs field, converter). Short aliases as vLLM's arg_utils declares them.
 _FLAGS: dict[str, tuple[str, Callable[[str, str], object]]] = {
-    "--model": ("model", _name),
+    "--model": ("model", _text),
     "--tensor-parallel-size": ("tensor_parallel_size", _POSITIVE),
     "-tp": ("tensor_parallel_size", _POSITIVE),
     "--pipeline-parallel-size": ("pipeline_parallel_size", _POSITIVE),
@@ -299,13 +303,13 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "-dcp": ("decode_context_parallel_size", _POSITIVE),
     "--max-model-len": ("max_model_len", _max_model_len),
     "--block-size": ("block_size", _POSITIVE),
-    "--kv-cache-dtype": ("kv_cache_dtype", _name),
-    "--dtype": ("dtype", _name),
+    "--kv-cache-dtype": ("kv_cache_dtype", _text),
+    "--dtype": ("dtype", _text),
     "--max-num-batched-tokens": ("max_num_batched_tokens", _count),
     "--num-gpu-blocks-override": ("num_gpu_blocks_override", _POSITIVE),
     "--gpu-memory-utilization": ("gpu_memory_utilization", _fraction),
-    "--mamba-cache-dtype": ("mamba_cache_dtype", _name),
-    "--mamba-ssm-cache-dtype": ("mamba_ssm_cache_dtype", _name),
+    "--mamba-cache-dtype": ("mamba_cache_dtype", _text),
+    "--mamba-ssm-cache-dtype": ("mamba_ssm_cache_dtype", _text),
     "--kv-cache-memory-bytes": ("kv_cache_memory_bytes", _bytes),
 }
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.sources import parsing
 from exporter.sources.parsing import (
     VLLM_FAMILIES,
     MalformedExposition,
@@ -38,6 +39,21 @@ def by_engine(samples: list[Sample]) -> dict[str, float]:
     values = {sample.labels["engine"]: sample.value for sample in samples}
     assert len(values) == len(samples), "one series per engine"
     return values
+
+
+def test_public_names() -> None:
+    assert sorted(parsing.__all__) == [
+        "CacheConfigInfo",
+        "MalformedExposition",
+        "Sample",
+        "VLLM_FAMILIES",
+        "VllmServeArgs",
+        "parse_cache_config_info",
+        "parse_vllm_metrics",
+        "parse_vllm_serve_args",
+        "to_engine_settings",
+    ]
+    assert issubclass(MalformedExposition, ValueError)
 
 
 def test_every_release_is_covered() -> None:

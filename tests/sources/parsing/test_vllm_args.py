@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -13,7 +14,12 @@ from hypothesis import strategies as st
 
 from exporter.capacity import EngineSettings
 from exporter.errors import ConfigError
-from exporter.sources.parsing import VllmServeArgs, parse_vllm_serve_args, to_engine_settings
+from exporter.sources.parsing import (
+    VllmServeArgs,
+    parse_vllm_serve_args,
+    to_engine_settings,
+    vllm_args,
+)
 from tests.conftest import GOLDEN
 
 DEPLOYMENTS = sorted(
@@ -336,3 +342,11 @@ def test_generated_command_lines(case: tuple[VllmServeArgs, list[str]]) -> None:
     assert parse_vllm_serve_args(argv) == expected
     assert parse_vllm_serve_args(shlex.join(argv)) == expected
     assert parse_vllm_serve_args(["vllm", "serve", *argv]) == expected
+
+
+def test_every_flag_fills_a_field() -> None:
+    fields = {field.name for field in dataclasses.fields(VllmServeArgs)}
+    assert {field for field, _ in vllm_args._FLAGS.values()} <= fields
+    assert {field for field, _ in vllm_args._BOOLEANS.values()} <= fields
+    # Every capacity setting can be given on the command line.
+    assert {field.name for field in dataclasses.fields(EngineSettings)} <= fields
