@@ -11,6 +11,7 @@ from typing import Any, TextIO
 from exporter.capacity import CapacityResult, EngineSettings, derive_capacity
 from exporter.capacity.batch import result_to_json, run_case
 from exporter.errors import ConfigError
+from exporter.model_config import load_model_config
 from exporter.units import parse_count, parse_size
 
 
@@ -99,20 +100,6 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     else:
         out.write(format_result(result))
     return 0
-
-
-def load_model_config(path: Path) -> dict[str, Any]:
-    """Read config.json from a file or a model directory."""
-    file = path / "config.json" if path.is_dir() else path
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ConfigError(f"cannot read {file}: {error.strerror or error}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{file} is not valid JSON: {error}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{file} must hold a JSON object")
-    return data
 
 
 def format_result(result: CapacityResult) -> str:

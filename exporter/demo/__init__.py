@@ -5,15 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
+import tempfile
 from importlib import resources
+from pathlib import Path
 from typing import Any, TextIO
 
-from exporter.capacity import EngineSettings, derive_capacity
+from exporter.capacity import EngineSettings
 from exporter.demo.simulated_vllm import SimulatedVllm
 from exporter.logs import configure_logging
 from exporter.serve import Exporter, add_common_arguments, wait_for_signal
-from exporter.state import EngineReport, KvUsage, ReportedCapacity, StateSink
+from exporter.sources.parsing import parse_vllm_serve_args
+from exporter.sources.vllm_http import VllmHttpSettings, VllmHttpSource
 
 DEMO_MODEL = "gemma-3-27b-text"
 DEMO_SERVED_NAME = "google/gemma-3-27b-it"
@@ -25,71 +27,35 @@ def example_config(name: str) -> dict[str, Any]:
     return config
 
 
-def simulated_deployment() -> SimulatedVllm:
-    """Gemma 3 27B (sliding window + full attention), TP 2, data-parallel 2."""
+def simulated_deployment(model_dir: Path, data_parallel_size: int = 2) -> SimulatedVllm:
+    """Gemma 3 27B (sliding window + full attention), TP 2, data-parallel 2.
+
+    `model_dir` receives the model's config.json, as a volume shared by the vLLM and
+    kvcap containers would hold it; /v1/models reports it as the model's `root`.
+    """
+    model_dir.mkdir(parents=True, exist_ok=True)
+    config = example_config(DEMO_MODEL)
+    (model_dir / "config.json").write_text(json.dumps(config), encoding="utf-8")
     return SimulatedVllm(
         served_model_name=DEMO_SERVED_NAME,
-        model_path=f"/models/{DEMO_MODEL}",
-        config=example_config(DEMO_MODEL),
+        model_path=str(model_dir),
+        config=config,
         settings=EngineSettings(tensor_parallel_size=2),
-        data_parallel_size=2,
+        data_parallel_size=data_parallel_size,
         available_kv_bytes_per_worker=44_000_000_000,
     )
 
 
-class SimulationFeed:
-    """Feeds the simulated engines straight into the state (until the HTTP source lands)."""
-
-    name = "simulated"
-
-    def __init__(self, simulation: SimulatedVllm, interval_s: float = 1.0) -> None:
-        self.simulation = simulation
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self, sink: StateSink) -> None:
-        sink.register_target(self.name, self.simulation.url)
-        self._thread = threading.Thread(
-            target=self._run, args=(sink,), daemon=True, name="simulation-feed"
+def http_source(simulation: SimulatedVllm, poll_interval_s: float = 1.0) -> VllmHttpSource:
+    """The real `vllm_http` source, pointed at the simulated API server."""
+    return VllmHttpSource(
+        VllmHttpSettings(
+            urls=(simulation.url,),
+            poll_interval_s=poll_interval_s,
+            stale_after_s=3 * poll_interval_s,
+            serve_args=parse_vllm_serve_args(simulation.vllm_args),
         )
-        self._thread.start()
-
-    def _run(self, sink: StateSink) -> None:
-        while True:
-            sink.publish(self.name, self.simulation.url, self.reports())
-            if self._stop.wait(self.interval_s):
-                return
-
-    def reports(self) -> list[EngineReport]:
-        sim, plan = self.simulation, self.simulation.plan
-        derived = derive_capacity(sim.config, sim.settings, num_gpu_blocks=plan.num_gpu_blocks)
-        reports = []
-        for engine in list(sim.engines.values()):
-            usage, running, waiting = sim.usage(engine, __import__("time").time())
-            reports.append(
-                EngineReport(
-                    engine=str(engine.index),
-                    model_name=sim.served_model_name,
-                    instance_id=sim.instance_id,
-                    vllm_version=sim.version,
-                    reported=ReportedCapacity(
-                        num_gpu_blocks=plan.num_gpu_blocks,
-                        block_size=plan.block_size,
-                        kv_cache_size_tokens=plan.kv_cache_size_tokens,
-                        max_concurrency=plan.max_concurrency,
-                        max_model_len=plan.max_model_len,
-                    ),
-                    derived=derived,
-                    usage=KvUsage(usage, running, waiting),
-                )
-            )
-        return reports
-
-    def stop(self, timeout_s: float) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+    )
 
 
 def add_parser(subparsers: Any) -> None:
@@ -122,15 +88,18 @@ def summary(exporter: Exporter, simulation: SimulatedVllm) -> str:
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     configure_logging(args.log_level, args.log_format)
-    simulation = simulated_deployment()
-    simulation.start()
-    exporter = Exporter([SimulationFeed(simulation)], args.web_listen_address, args.web_config_file)
-    exporter.start()
-    out.write(summary(exporter, simulation))
-    out.flush()
-    try:
-        wait_for_signal()
-    finally:
-        exporter.stop()
-        simulation.stop()
+    with tempfile.TemporaryDirectory(prefix="kvcap-demo-") as models:
+        simulation = simulated_deployment(Path(models) / DEMO_MODEL)
+        simulation.start()
+        exporter = Exporter(
+            [http_source(simulation)], args.web_listen_address, args.web_config_file
+        )
+        exporter.start()
+        out.write(summary(exporter, simulation))
+        out.flush()
+        try:
+            wait_for_signal()
+        finally:
+            exporter.stop()
+            simulation.stop()
     return 0

@@ -44,6 +44,7 @@ class StateSink(Protocol):
         message: str,
         *,
         duration_s: float | None = None,
+        stale: bool = True,
     ) -> None: ...
 
     def forget(self, source: str, target: str, engine: str | None = None) -> None: ...
@@ -112,8 +113,10 @@ class StateStore:
         message: str,
         *,
         duration_s: float | None = None,
+        stale: bool = True,
     ) -> None:
-        """A failed read: count it, keep the last good data, mark it stale."""
+        """A failed read: count it and keep the last good data, marked stale unless the
+        source says it is still within its freshness window."""
         with self._lock:
             entry = self._target(source, target)
             if entry.status.up or not entry.status.has_reported:
@@ -123,7 +126,7 @@ class StateStore:
                 )
             key = (source, reason)
             self._errors[key] = self._errors.get(key, 0) + 1
-            if entry.reports is not None:
+            if entry.reports is not None and stale:
                 entry.reports = replace(entry.reports, stale=True)
             entry.status = replace(
                 entry.status,

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from exporter.demo import SimulationFeed, simulated_deployment
+from exporter.demo import http_source, simulated_deployment
 from exporter.demo.simulated_vllm import SimulatedVllm
 from exporter.serve import Exporter
 from tests.integration.prometheus import Prometheus
 
 
 @pytest.fixture
-def deployment() -> Iterator[tuple[SimulatedVllm, Exporter]]:
-    simulation = simulated_deployment()
+def deployment(tmp_path: Path) -> Iterator[tuple[SimulatedVllm, Exporter]]:
+    simulation = simulated_deployment(tmp_path / "models" / "gemma-3-27b-text")
     simulation.start()
-    exporter = Exporter([SimulationFeed(simulation, interval_s=0.2)], "127.0.0.1:0")
+    exporter = Exporter([http_source(simulation, poll_interval_s=0.2)], "127.0.0.1:0")
     exporter.start()
     yield simulation, exporter
     exporter.stop()

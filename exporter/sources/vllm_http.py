@@ -1,0 +1,303 @@
+"""Source `vllm_http`: poll stock vLLM API servers (/metrics, /v1/models, /version,
+/kv_event_sources), any vLLM from 0.10 to 0.33, no plugin needed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from exporter.errors import ConfigError, KvcapError
+from exporter.model_config import load_model_config
+from exporter.sources.http_fetch import Fetcher, FetchError, fetch
+from exporter.sources.parsing import MalformedExposition, VllmServeArgs, parse_vllm_serve_args
+from exporter.sources.registry import SourceSpec, register_source
+from exporter.sources.vllm_http_reports import (
+    Deriver,
+    ServerDocuments,
+    cached_deriver,
+    read_server,
+    served_model,
+)
+from exporter.state import StateSink
+from exporter.units import parse_size
+
+log = structlog.get_logger("kvcap.vllm_http")
+
+NAME = "vllm_http"
+MAX_BACKOFF_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class VllmHttpSettings:
+    urls: tuple[str, ...]
+    poll_interval_s: float = 5.0
+    timeout_s: float = 3.0
+    max_body_bytes: int = 32 * 2**20
+    # Last good data stays fresh this long after a failed read, then is marked stale.
+    stale_after_s: float = 15.0
+    serve_args: VllmServeArgs | None = None
+    model_config: Path | None = None
+
+
+class VllmHttpSource:
+    """One poller thread per API server URL."""
+
+    name = NAME
+
+    def __init__(self, settings: VllmHttpSettings, fetcher: Fetcher = fetch) -> None:
+        self.settings = settings
+        self.fetcher = fetcher
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self, sink: StateSink) -> None:
+        for url in self.settings.urls:
+            sink.register_target(NAME, url)
+            poller = ServerPoller(url.rstrip("/"), self.settings, self.fetcher, sink, self._stop)
+            thread = threading.Thread(target=poller.run, name=f"vllm-http {url}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout_s: float) -> None:
+        self._stop.set()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class ServerPoller:
+    """Polls one API server; backs off exponentially, with jitter, while it is down."""
+
+    def __init__(
+        self,
+        url: str,
+        settings: VllmHttpSettings,
+        fetcher: Fetcher,
+        sink: StateSink,
+        stop: threading.Event,
+    ) -> None:
+        self.url = url
+        self.settings = settings
+        self.fetcher = fetcher
+        self.sink = sink
+        self.stop = stop
+        self.failures = 0
+        self.last_success = time.monotonic()
+        self._derivers: dict[str, Deriver] = {}
+        self._warned: set[str] = set()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.poll_once()
+            if self.stop.wait(self.next_delay_s()):
+                return
+
+    def next_delay_s(self) -> float:
+        if self.failures == 0:
+            return self.settings.poll_interval_s
+        backoff = min(MAX_BACKOFF_S, self.settings.poll_interval_s * 2.0 ** (self.failures - 1))
+        return backoff * random.uniform(0.5, 1.0)  # jitter spreads the retries of many sidecars
+
+    def poll_once(self) -> None:
+        began = time.monotonic()
+        try:
+            documents = self.fetch_documents()
+            reading = read_server(documents, self.serve_args(), self.deriver(documents))
+        except FetchError as error:
+            self._failed(error.reason, str(error), began)
+            return
+        except MalformedExposition as error:
+            self._failed("malformed_exposition", str(error), began)
+            return
+        for reason, message in reading.warnings:
+            if message not in self._warned:  # once per distinct problem, not per poll
+                self._warned.add(message)
+                log.warning("cannot derive capacity", target=self.url, reason=reason, error=message)
+        self.failures = 0
+        self.last_success = time.monotonic()
+        self.sink.publish(NAME, self.url, reading.reports, duration_s=time.monotonic() - began)
+
+    def _failed(self, reason: str, message: str, began: float) -> None:
+        self.failures += 1
+        self.sink.fail(
+            NAME,
+            self.url,
+            reason,
+            message,
+            duration_s=time.monotonic() - began,
+            stale=time.monotonic() - self.last_success > self.settings.stale_after_s,
+        )
+
+    def fetch_documents(self) -> ServerDocuments:
+        limit, timeout = self.settings.max_body_bytes, self.settings.timeout_s
+        body = self.fetcher(f"{self.url}/metrics", timeout_s=timeout, max_bytes=limit)
+        try:
+            metrics = body.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise FetchError("malformed_exposition", f"/metrics is not UTF-8: {error}") from None
+        return ServerDocuments(
+            metrics=metrics,
+            models=self._json("/v1/models"),
+            version=self._json("/version"),
+            kv_event_sources=self._json("/kv_event_sources"),
+        )
+
+    def _json(self, path: str) -> Mapping[str, Any] | None:
+        """An optional JSON endpoint: older vLLM lacks some; a failure is not fatal."""
+        try:
+            body = self.fetcher(
+                f"{self.url}{path}",
+                timeout_s=self.settings.timeout_s,
+                max_bytes=min(self.settings.max_body_bytes, 2**20),
+            )
+            document = json.loads(body)
+        except (FetchError, ValueError):
+            return None
+        return document if isinstance(document, Mapping) else None
+
+    def serve_args(self) -> VllmServeArgs | None:
+        return self.settings.serve_args or discover_serve_args()
+
+    def deriver(self, documents: ServerDocuments) -> Deriver | None:
+        """The capacity model for the served model: --model.config, else /v1/models `root`
+        when it is a local directory this container can read (a shared volume)."""
+        path = self.settings.model_config
+        if path is None:
+            root = served_model(documents.models).get("root")
+            if (
+                isinstance(root, str)
+                and root.startswith("/")
+                and Path(root, "config.json").is_file()
+            ):
+                path = Path(root)
+        if path is None:
+            return None
+        key = str(path)
+        if key not in self._derivers:
+            try:
+                self._derivers[key] = cached_deriver(load_model_config(path))
+            except ConfigError as error:
+                if key not in self._warned:
+                    self._warned.add(key)
+                    log.warning("cannot read model config", path=key, error=str(error))
+                return None
+        return self._derivers[key]
+
+
+def discover_serve_args(proc: Path = Path("/proc")) -> VllmServeArgs | None:
+    """The `vllm serve` command line of a process in a shared process namespace, if any."""
+    try:
+        entries = [p for p in proc.iterdir() if p.name.isdigit()]
+    except OSError:
+        return None
+    for entry in sorted(entries, key=lambda p: int(p.name)):
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [w.decode("utf-8", "replace") for w in argv if w]
+        if not _looks_like_vllm(words):
+            continue
+        try:
+            return parse_vllm_serve_args(words)
+        except KvcapError:
+            continue
+    return None
+
+
+def _looks_like_vllm(words: list[str]) -> bool:
+    joined = " ".join(words[:4])
+    return ("vllm" in joined and " serve" in f" {joined}") or "vllm.entrypoints" in joined
+
+
+def _add_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--vllm.url",
+        dest="vllm_url",
+        action="append",
+        default=[],
+        help="a vLLM API server to poll, e.g. http://127.0.0.1:8000 (repeatable)",
+    )
+    group.add_argument(
+        "--vllm.poll-interval",
+        dest="vllm_poll_interval",
+        type=float,
+        default=5.0,
+        help="seconds between polls (default 5)",
+    )
+    group.add_argument(
+        "--vllm.timeout",
+        dest="vllm_timeout",
+        type=float,
+        default=3.0,
+        help="seconds to wait for each request (default 3)",
+    )
+    group.add_argument(
+        "--vllm.max-body-size",
+        dest="vllm_max_body_size",
+        type=parse_size,
+        default=32 * 2**20,
+        help="largest accepted body (default 32MiB)",
+    )
+    group.add_argument(
+        "--vllm.stale-after",
+        dest="vllm_stale_after",
+        type=float,
+        default=None,
+        help="seconds after the last good read that data is marked stale "
+        "(default 3 poll intervals)",
+    )
+    group.add_argument(
+        "--vllm.args",
+        dest="vllm_args",
+        help="the `vllm serve` arguments of the server (else read from /proc "
+        "when the pod shares its process namespace)",
+    )
+    group.add_argument(
+        "--model.config",
+        dest="model_config",
+        type=Path,
+        help="the model's config.json or its directory (else /v1/models root)",
+    )
+
+
+def _build(args: argparse.Namespace) -> VllmHttpSource | None:
+    if not args.vllm_url:
+        return None
+    serve_args = parse_vllm_serve_args(args.vllm_args) if args.vllm_args else None
+    interval = args.vllm_poll_interval
+    if interval <= 0 or args.vllm_timeout <= 0:
+        raise ConfigError("--vllm.poll-interval and --vllm.timeout must be positive")
+    return VllmHttpSource(
+        VllmHttpSettings(
+            urls=tuple(args.vllm_url),
+            poll_interval_s=interval,
+            timeout_s=args.vllm_timeout,
+            max_body_bytes=args.vllm_max_body_size,
+            stale_after_s=args.vllm_stale_after
+            if args.vllm_stale_after is not None
+            else 3 * interval,
+            serve_args=serve_args,
+            model_config=args.model_config,
+        )
+    )
+
+
+register_source(
+    SourceSpec(
+        name=NAME,
+        help="poll vLLM API servers' /metrics, /v1/models, /version and /kv_event_sources",
+        default_enabled=True,
+        add_arguments=_add_arguments,
+        build=_build,
+    )
+)

@@ -1,0 +1,188 @@
+"""Turn what one vLLM API server shows (its /metrics and JSON endpoints) into engine reports.
+
+Pure: the poller fetches, this module decides. Rules, per engine behind the server:
+- `num_gpu_blocks` in `vllm:cache_config_info` is the SUM over the engines behind the API
+  server (vLLM's frontend adds every engine's ready response, in every release checked,
+  0.10.2 to 0.33), repeated on each engine's series. Engines of one server are identical,
+  so one engine's blocks = the label / the number of `engine` label values.
+- `kv_cache_size_tokens` and `kv_cache_max_concurrency` (vLLM 0.24 and later) are already
+  per engine: they are vLLM's own numbers and win over derived ones.
+- The derived capacity (capacity model with the engine's known block count) is computed
+  whenever the model config and the engine settings are known, and checks the reported one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from exporter.capacity import CapacityResult, EngineSettings, derive_capacity
+from exporter.errors import KvcapError
+from exporter.sources.parsing import (
+    CacheConfigInfo,
+    MalformedExposition,
+    Sample,
+    VllmServeArgs,
+    parse_cache_config_info,
+    parse_vllm_metrics,
+    to_engine_settings,
+)
+from exporter.state import EngineReport, KvUsage, ReportedCapacity
+
+# Derivations are cached by their inputs: they change only when an engine restarts.
+Deriver = Callable[[EngineSettings, int], CapacityResult]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerDocuments:
+    """What one poll of an API server returned (JSON documents may be missing)."""
+
+    metrics: str
+    models: Mapping[str, Any] | None = None
+    version: Mapping[str, Any] | None = None
+    kv_event_sources: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerReading:
+    reports: tuple[EngineReport, ...]
+    # Problems that did not stop the read (e.g. the capacity model could not derive).
+    warnings: tuple[tuple[str, str], ...]
+
+
+def served_model(models: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """The first model of /v1/models, or an empty mapping."""
+    data = (models or {}).get("data")
+    if isinstance(data, list) and data and isinstance(data[0], Mapping):
+        return data[0]
+    return {}
+
+
+def read_server(
+    documents: ServerDocuments,
+    args: VllmServeArgs | None,
+    derive: Deriver | None,
+) -> ServerReading:
+    """All engine reports of one API server. Raises MalformedExposition on bad /metrics."""
+    samples = parse_vllm_metrics(documents.metrics)
+    infos = {
+        _engine(i.engine): i for i in parse_cache_config_info(samples["vllm:cache_config_info"])
+    }
+    usage = _by_engine(samples["vllm:kv_cache_usage_perc"] or samples["vllm:gpu_cache_usage_perc"])
+    running = _by_engine(samples["vllm:num_requests_running"])
+    waiting = _by_engine(samples["vllm:num_requests_waiting"])
+    names = _model_names(samples)
+    engines = sorted(set(infos) | set(usage) | set(running), key=_engine_order)
+    model = served_model(documents.models)
+    version = (documents.version or {}).get("version")
+    max_model_len = (
+        model.get("max_model_len") if isinstance(model.get("max_model_len"), int) else None
+    )
+
+    warnings: list[tuple[str, str]] = []
+    reports = []
+    for engine in engines:
+        info = infos.get(engine)
+        blocks = _engine_blocks(info, len(infos))
+        reported = ReportedCapacity(
+            num_gpu_blocks=blocks,
+            block_size=info.block_size if info else None,
+            kv_cache_size_tokens=info.kv_cache_size_tokens if info else None,
+            max_concurrency=info.kv_cache_max_concurrency if info else None,
+            max_model_len=max_model_len,
+            cache_dtype=info.cache_dtype if info else None,
+        )
+        derived, error = _derive(args, info, max_model_len, blocks, derive)
+        if error is not None:
+            warnings.append(("derivation", error))
+        reports.append(
+            EngineReport(
+                engine=engine,
+                model_name=names.get(engine) or str(model.get("id") or ""),
+                vllm_version=str(version) if version is not None else None,
+                reported=reported,
+                derived=derived,
+                derivation_error=error,
+                usage=KvUsage(usage.get(engine), running.get(engine), waiting.get(engine)),
+            )
+        )
+    return ServerReading(tuple(reports), tuple(dict.fromkeys(warnings)))
+
+
+def _engine(label: str) -> str:
+    # vLLM's old V0 engine wrote no engine label: it had exactly one engine, index 0.
+    return label or "0"
+
+
+def _engine_order(engine: str) -> tuple[int, str]:
+    return (int(engine), "") if engine.isdigit() else (1 << 30, engine)
+
+
+def _by_engine(samples: list[Sample]) -> dict[str, float]:
+    return {_engine(s.labels.get("engine", "")): s.value for s in samples}
+
+
+def _model_names(samples: Mapping[str, list[Sample]]) -> dict[str, str]:
+    names: dict[str, str] = {}
+    for family in (
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+    ):
+        for sample in samples[family]:
+            name = sample.labels.get("model_name")
+            if name:
+                names.setdefault(_engine(sample.labels.get("engine", "")), name)
+    return names
+
+
+def _engine_blocks(info: CacheConfigInfo | None, engines: int) -> int | None:
+    if info is None or info.num_gpu_blocks is None or engines == 0:
+        return None
+    if info.num_gpu_blocks % engines:
+        raise MalformedExposition(
+            f"cache_config_info num_gpu_blocks={info.num_gpu_blocks} is not a sum over "
+            f"{engines} identical engines"
+        )
+    return info.num_gpu_blocks // engines
+
+
+def _derive(
+    args: VllmServeArgs | None,
+    info: CacheConfigInfo | None,
+    max_model_len: int | None,
+    blocks: int | None,
+    derive: Deriver | None,
+) -> tuple[CapacityResult | None, str | None]:
+    if derive is None:
+        return None, "no model config.json (give --model.config or serve a local model path)"
+    if args is None:
+        return None, "engine settings unknown (give --vllm.args)"
+    if blocks is None:
+        return None, "vLLM reports no num_gpu_blocks"
+    settings = to_engine_settings(args)
+    # /v1/models shows max_model_len after auto-fit: the exact value the engine uses.
+    if max_model_len is not None:
+        settings = replace(settings, max_model_len=max_model_len)
+    if info is not None and info.cache_dtype and settings.kv_cache_dtype == "auto":
+        settings = replace(settings, kv_cache_dtype=info.cache_dtype)
+    try:
+        return derive(settings, blocks), None
+    except KvcapError as error:
+        return None, str(error)
+
+
+def cached_deriver(config: Mapping[str, Any]) -> Deriver:
+    """A Deriver for one model config that remembers its last results."""
+    cache: dict[tuple[EngineSettings, int], CapacityResult] = {}
+
+    def derive(settings: EngineSettings, blocks: int) -> CapacityResult:
+        key = (settings, blocks)
+        if key not in cache:
+            if len(cache) > 64:
+                cache.clear()
+            cache[key] = derive_capacity(config, settings, num_gpu_blocks=blocks)
+        return cache[key]
+
+    return derive
