@@ -33,6 +33,7 @@ def fetch(url: str, *, timeout_s: float, max_bytes: int) -> bytes:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             raw: bytes = response.read(max_bytes + 1)
             encoding = (response.headers.get("Content-Encoding") or "").lower()
+            declared = response.headers.get("Content-Length")
     except urllib.error.HTTPError as error:
         raise FetchError(f"http_{error.code // 100}xx", f"HTTP {error.code} from {url}") from None
     except urllib.error.URLError as error:
@@ -47,6 +48,9 @@ def fetch(url: str, *, timeout_s: float, max_bytes: int) -> bytes:
         raise FetchError(_network_reason(error), f"{url}: {error}") from None
     if len(raw) > max_bytes:
         raise FetchError("body_too_large", f"{url}: body larger than {max_bytes} bytes")
+    # read(n) returns a short body quietly when the server hangs up early.
+    if declared is not None and declared.isdigit() and len(raw) < int(declared):
+        raise FetchError("truncated", f"{url}: body ended after {len(raw)} of {declared} bytes")
     if encoding == "gzip":
         return _gunzip(url, raw, max_bytes)
     return raw

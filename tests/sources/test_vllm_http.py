@@ -1,0 +1,231 @@
+"""The vllm_http source against recorded vLLM expositions of 0.10.2 to 0.33, over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.demo import simulated_deployment
+from exporter.sources.parsing import parse_vllm_serve_args
+from exporter.sources.vllm_http import (
+    ServerPoller,
+    VllmHttpSettings,
+    discover_serve_args,
+)
+from exporter.sources.http_fetch import fetch
+from exporter.state import StateStore
+from tests.conftest import GOLDEN
+from tests.sources.recorded_vllm import Playback, serve
+
+EXPOSITIONS = GOLDEN / "expositions"
+FIXTURES = sorted(p for p in [*EXPOSITIONS.glob("*.json"), *EXPOSITIONS.glob("releases/*/*.json")])
+
+
+def load(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def exposition_of(path: Path, fixture: dict[str, Any]) -> bytes:
+    name = fixture.get("exposition_file") or path.with_suffix(".txt").name
+    return (path.parent / Path(name).name).read_bytes()
+
+
+def poll(url: str, settings: VllmHttpSettings, store: StateStore) -> ServerPoller:
+    poller = ServerPoller(url, settings, fetch, store, threading.Event())
+    poller.poll_once()
+    return poller
+
+
+def settings_for(url: str, fixture: dict[str, Any], path: Path, **extra: Any) -> VllmHttpSettings:
+    return VllmHttpSettings(
+        urls=(url,),
+        timeout_s=1.0,
+        serve_args=parse_vllm_serve_args(fixture["vllm_args"]),
+        model_config=(path.parent / fixture["model_config_dir"]).resolve(),
+        **extra,
+    )
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[str(p.relative_to(EXPOSITIONS)) for p in FIXTURES])
+def test_every_per_engine_gauge_matches_the_recording(path: Path) -> None:
+    fixture = load(path)
+    playback = Playback(
+        metrics=exposition_of(path, fixture),
+        documents={
+            "/v1/models": fixture["v1_models"],
+            "/version": fixture["version"],
+            "/kv_event_sources": fixture.get("kv_event_sources") or {},
+        },
+    )
+    store = StateStore()
+    with serve(playback) as url:
+        poll(url, settings_for(url, fixture, path), store)
+    snapshot = store.snapshot()
+    assert snapshot.sources[0].up, snapshot.sources[0].last_error
+    views = {v.engine: v for v in snapshot.engines}
+    assert set(views) == {str(e["engine"]) for e in fixture["engines"]}
+    reports_capacity = bool(fixture["capacity_reported"])
+    for engine in fixture["engines"]:
+        view = views[str(engine["engine"])]
+        assert view.model_name == fixture["served_model_name"]
+        assert view.num_gpu_blocks == engine["num_gpu_blocks"]
+        assert view.kv_cache_size_tokens == engine["kv_cache_size_tokens"]
+        assert view.max_concurrency == pytest.approx(engine["max_concurrency"], rel=1e-12)
+        assert view.max_model_len == engine["max_model_len"]
+        assert view.derived_kv_cache_size_tokens == engine["kv_cache_size_tokens"]
+        assert view.capacity_source == ("reported" if reports_capacity else "derived")
+        assert view.capacity_mismatch is (False if reports_capacity else None)
+        assert view.usage_ratio == engine["kv_cache_usage"]
+        assert view.used_tokens == pytest.approx(engine["used_tokens_expected"])
+        assert view.requests_running == engine["num_requests_running"]
+        assert view.requests_waiting == engine["num_requests_waiting"]
+        assert len(view.groups) == len(engine["groups"])
+        assert view.vllm_version == fixture["version"]["version"]
+
+
+@pytest.mark.parametrize("data_parallel_size", [1, 2, 4])
+def test_data_parallel_engines_each_get_their_own_blocks(
+    tmp_path: Path, data_parallel_size: int
+) -> None:
+    simulation = simulated_deployment(tmp_path / "gemma", data_parallel_size=data_parallel_size)
+    url = simulation.start()
+    try:
+        store = StateStore()
+        settings = VllmHttpSettings(
+            urls=(url,), serve_args=parse_vllm_serve_args(simulation.vllm_args)
+        )
+        poll(url, settings, store)
+    finally:
+        simulation.stop()
+    views = store.snapshot().engines
+    assert [v.engine for v in views] == [str(i) for i in range(data_parallel_size)]
+    for view in views:
+        # The label says plan x DP; each engine holds the plan's blocks.
+        assert view.num_gpu_blocks == simulation.plan.num_gpu_blocks
+        assert view.kv_cache_size_tokens == simulation.plan.kv_cache_size_tokens
+        assert view.capacity_mismatch is False
+
+
+LLAMA = EXPOSITIONS / "llama-3.1-8b-dp2-tp1.vllm-0.33.json"
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason", "extra"),
+    [
+        ("404", "http_4xx", {}),
+        ("500", "http_5xx", {}),
+        ("slow", "timeout", {}),
+        ("truncated", "truncated", {}),
+        ("gzip_corrupt", "gzip_corrupt", {}),
+        ("garbage", "malformed_exposition", {}),
+        (None, "body_too_large", {"max_body_bytes": 1024}),
+    ],
+)
+def test_faults_are_counted_keep_last_good_data_and_recover(
+    fault: str | None, reason: str, extra: dict[str, Any]
+) -> None:
+    fixture = load(LLAMA)
+    playback = Playback(
+        metrics=exposition_of(LLAMA, fixture), documents={"/v1/models": fixture["v1_models"]}
+    )
+    store = StateStore()
+    with serve(playback) as url:
+        good = settings_for(url, fixture, LLAMA, stale_after_s=0.0)
+        poller = poll(url, good, store)
+        before = store.snapshot().engines
+        assert len(before) == 2
+        playback.fault = fault
+        poller.settings = settings_for(url, fixture, LLAMA, stale_after_s=0.0, **extra)
+        poller.poll_once()
+        snapshot = store.snapshot()
+        assert snapshot.errors == {("vllm_http", reason): 1}
+        assert not snapshot.sources[0].up
+        assert [v.kv_cache_size_tokens for v in snapshot.engines] == [
+            v.kv_cache_size_tokens for v in before
+        ]
+        assert all(v.stale for v in snapshot.engines)
+        playback.fault = None
+        poller.settings = good
+        poller.poll_once()
+    recovered = store.snapshot()
+    assert recovered.sources[0].up
+    assert not any(v.stale for v in recovered.engines)
+
+
+def test_gzip_bodies_are_accepted() -> None:
+    fixture = load(LLAMA)
+    playback = Playback(metrics=exposition_of(LLAMA, fixture), fault="gzip")
+    store = StateStore()
+    with serve(playback) as url:
+        poll(url, settings_for(url, fixture, LLAMA), store)
+    assert len(store.snapshot().engines) == 2
+
+
+def test_connection_refused_is_counted_and_backs_off() -> None:
+    with serve(Playback(metrics=b"")) as url:
+        pass  # the port is closed again now
+    store = StateStore()
+    poller = ServerPoller(
+        url, VllmHttpSettings(urls=(url,), poll_interval_s=5.0), fetch, store, threading.Event()
+    )
+    poller.poll_once()
+    poller.poll_once()
+    assert store.snapshot().errors == {("vllm_http", "connection_refused"): 2}
+    assert 2.5 <= poller.next_delay_s() <= 10.0  # 5 s doubled once, with jitter
+
+
+def test_stale_only_after_the_ttl() -> None:
+    fixture = load(LLAMA)
+    playback = Playback(metrics=exposition_of(LLAMA, fixture))
+    store = StateStore()
+    with serve(playback) as url:
+        poller = poll(url, settings_for(url, fixture, LLAMA, stale_after_s=60.0), store)
+        playback.fault = "500"
+        poller.poll_once()
+    assert not any(v.stale for v in store.snapshot().engines)
+
+
+def test_absurd_label_values_are_rejected_not_exported() -> None:
+    fixture = load(LLAMA)
+    metrics = exposition_of(LLAMA, fixture).replace(
+        b'model_name="meta-llama/Llama-3.1-8B-Instruct"', b'model_name="' + b"x" * 5000 + b'"'
+    )
+    store = StateStore()
+    with serve(Playback(metrics=metrics)) as url:
+        poll(url, settings_for(url, fixture, LLAMA), store)
+    assert store.snapshot().errors == {("vllm_http", "malformed_exposition"): 1}
+    assert store.snapshot().engines == ()
+
+
+def test_without_settings_the_reported_capacity_is_still_exported() -> None:
+    path = EXPOSITIONS / "qwen3-next-80b-a3b-dp2-tp2.vllm-0.33.json"
+    fixture = load(path)
+    store = StateStore()
+    with serve(Playback(metrics=exposition_of(path, fixture))) as url:
+        poll(url, VllmHttpSettings(urls=(url,)), store)
+    view = store.snapshot().engines[0]
+    assert view.kv_cache_size_tokens == fixture["engines"][0]["kv_cache_size_tokens"]
+    assert view.derived_kv_cache_size_tokens is None
+    assert view.derivation_error is not None
+
+
+def test_serve_args_are_discovered_in_a_shared_process_namespace(tmp_path: Path) -> None:
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "cmdline").write_bytes(b"/pause\0")
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "cmdline").write_bytes(
+        b"/usr/bin/python3\0-m\0vllm.entrypoints.openai.api_server\0--model\0/models/x\0"
+        b"--tensor-parallel-size\0004\0--max-model-len\00032768\0"
+    )
+    (tmp_path / "self").mkdir()
+    found = discover_serve_args(tmp_path)
+    assert found is not None
+    assert found.model == "/models/x"
+    assert found.tensor_parallel_size == 4
+    assert found.max_model_len == 32768
+    assert discover_serve_args(tmp_path / "missing") is None
