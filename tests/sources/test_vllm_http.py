@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from exporter.demo import simulated_deployment
+from exporter.sources.http_fetch import fetch
 from exporter.sources.parsing import parse_vllm_serve_args
 from exporter.sources.vllm_http import (
     ServerPoller,
     VllmHttpSettings,
     discover_serve_args,
 )
-from exporter.sources.http_fetch import fetch
 from exporter.state import StateStore
 from tests.conftest import GOLDEN
 from tests.sources.recorded_vllm import Playback, serve

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -94,14 +94,8 @@ def parse_vllm_metrics(
     text may write it); `f_created` samples are skipped. Text after `# EOF` is ignored.
     """
     sample_families = _sample_families(families)
-    # One C-level prefix test per line picks the candidates: samples of the families
-    # read, lines with leading blanks (the 0.0.4 format allows them before a sample),
-    # and OpenMetrics' end marker. Everything else is skipped without being looked at.
-    candidates = (*sorted(families), " ", "\t", _EOF)
     found: dict[str, list[Sample]] = {family: [] for family in families}
-    for number, line in enumerate(body.split("\n"), start=1):
-        if not line.startswith(candidates):
-            continue
+    for start, line in _candidate_lines(body, families):
         text = line.strip(" \t\r")
         if text == _EOF:
             break
@@ -115,11 +109,35 @@ def parse_vllm_metrics(
         try:
             sample = _parse_sample(text, name)
         except _BadLine as reason:
+            number = body.count("\n", 0, start) + 1
             raise MalformedExposition(
                 f"line {number}: {family}: {reason}: {text[:200]!r}", line_number=number
             ) from None
         found[family].append(sample)
     return found
+
+
+def _candidate_lines(body: str, families: frozenset[str]) -> Iterator[tuple[int, str]]:
+    """(offset, line) of the lines that may hold samples of `families` or `# EOF`.
+
+    A regex search for a newline followed by one of the names runs in C over the whole
+    body, so the many lines of other families (histogram buckets, mostly) are never
+    split out or looked at one by one.
+    """
+    first_end = body.find("\n")
+    first = body if first_end == -1 else body[:first_end]
+    if first.lstrip(" \t").startswith((*families, _EOF)):
+        yield 0, first
+    for match in _candidate_pattern(families).finditer(body):
+        start = match.start() + 1
+        end = body.find("\n", start)
+        yield start, body[start:] if end == -1 else body[start:end]
+
+
+@lru_cache(maxsize=8)
+def _candidate_pattern(families: frozenset[str]) -> re.Pattern[str]:
+    names = "|".join(re.escape(f) for f in sorted(families, key=len, reverse=True))
+    return re.compile(rf"\n[ \t]*(?:{names}|{re.escape(_EOF)})")
 
 
 @lru_cache(maxsize=8)
