@@ -182,13 +182,10 @@ class StateStore:
                     engine=engine,
                     model_name=report.model_name,
                 )
-            elif old.instance_id != report.instance_id:
-                log.info(
-                    "engine restarted",
-                    source=source,
-                    target=target,
-                    engine=engine,
-                    instance_id=report.instance_id,
+            elif old.instance_id != report.instance_id or _blocks(old) != _blocks(report):
+                # The HTTP source sees no instance id; a new block count means a restart.
+                log.info("engine restarted", source=source, target=target, engine=engine,
+                         instance_id=report.instance_id, num_gpu_blocks=_blocks(report))
                 )
         for engine in before.keys() - after.keys():
             log.info("engine vanished", source=source, target=target, engine=engine)
@@ -203,3 +200,7 @@ class StateStore:
             errors=dict(self._errors),
             taken_at_s=self._clock(),
         )
+
+
+def _blocks(report: EngineReport) -> int | None:
+    return report.reported.num_gpu_blocks if report.reported else None
