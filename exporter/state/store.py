@@ -184,8 +184,13 @@ class StateStore:
                 )
             elif old.instance_id != report.instance_id or _blocks(old) != _blocks(report):
                 # The HTTP source sees no instance id; a new block count means a restart.
-                log.info("engine restarted", source=source, target=target, engine=engine,
-                         instance_id=report.instance_id, num_gpu_blocks=_blocks(report))
+                log.info(
+                    "engine restarted",
+                    source=source,
+                    target=target,
+                    engine=engine,
+                    instance_id=report.instance_id,
+                    num_gpu_blocks=_blocks(report),
                 )
         for engine in before.keys() - after.keys():
             log.info("engine vanished", source=source, target=target, engine=engine)
