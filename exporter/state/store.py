@@ -47,6 +47,8 @@ class StateSink(Protocol):
         stale: bool = True,
     ) -> None: ...
 
+    def reject(self, source: str, target: str, reason: str, message: str) -> None: ...
+
     def forget(self, source: str, target: str, engine: str | None = None) -> None: ...
 
 
@@ -137,6 +139,18 @@ class StateStore:
             )
             self._rebuild()
 
+    def reject(self, source: str, target: str, reason: str, message: str) -> None:
+        """A bad input that did not stop the source (a malformed frame): count it, log the
+        first of each reason, and change nothing else."""
+        with self._lock:
+            key = (source, reason)
+            if key not in self._errors:
+                log.warning(
+                    "input rejected", source=source, target=target, reason=reason, error=message
+                )
+            self._errors[key] = self._errors.get(key, 0) + 1
+            self._rebuild(engines_changed=False)
+
     def forget(self, source: str, target: str, engine: str | None = None) -> None:
         """Drop an engine (clean shutdown) or every engine of a target."""
         with self._lock:
@@ -195,12 +209,16 @@ class StateStore:
         for engine in before.keys() - after.keys():
             log.info("engine vanished", source=source, target=target, engine=engine)
 
-    def _rebuild(self) -> None:
+    def _rebuild(self, *, engines_changed: bool = True) -> None:
         self._version += 1
-        entries = [t.reports for t in self._targets.values() if t.reports is not None]
+        if engines_changed:
+            entries = [t.reports for t in self._targets.values() if t.reports is not None]
+            engines = build_engine_views(entries)
+        else:
+            engines = self._snapshot.engines
         self._snapshot = Snapshot(
             version=self._version,
-            engines=build_engine_views(entries),
+            engines=engines,
             sources=tuple(t.status for _, t in sorted(self._targets.items())),
             errors=dict(self._errors),
             taken_at_s=self._clock(),

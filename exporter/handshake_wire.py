@@ -1,0 +1,108 @@
+"""The handshake wire contract between kvcap's vLLM plugin and the sidecar.
+
+ZMQ PUSH (plugin, connect) -> PULL (sidecar, bind). Multipart messages:
+
+    [b"kvcap.ready.v1", <vLLM's own msgpack bytes of EngineCoreReadyResponse>, <ReadyExtras>]
+    [b"kvcap.bye.v1", <Bye>]
+
+The ready response is decoded with a tolerant Struct: vLLM 0.22 to 0.33 encode the
+dataclass as a map of every field; unknown fields are ignored, newer optional ones may be
+missing. The extras frame (optional) carries what the ready response lacks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+READY_TOPIC = b"kvcap.ready.v1"
+BYE_TOPIC = b"kvcap.bye.v1"
+ENDPOINT_ENV = "KVCAP_HANDSHAKE_ENDPOINT"
+
+
+class ReadyResponse(msgspec.Struct, frozen=True):
+    """The fields of vLLM's EngineCoreReadyResponse that kvcap reads."""
+
+    max_model_len: int
+    num_gpu_blocks: int
+    data_parallel_rank: int
+    block_size: int | None = None
+    dtype: str | None = None
+    vllm_version: str | None = None
+    world_size: int | None = None
+    data_parallel_size: int | None = None
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    decode_context_parallel_size: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    instance_id: str | None = None
+    mamba_block_size: int | None = None
+    kv_cache_size_tokens: int | None = None
+    kv_cache_max_concurrency: float | None = None
+    effective_attention_block_size: int | None = None
+
+
+class GroupExtra(msgspec.Struct, frozen=True):
+    """One KV cache group of the engine's scheduler config, as the plugin saw it."""
+
+    spec_type: str
+    num_layers: int
+    block_size: int
+    page_size_bytes: int
+    max_memory_usage_bytes_per_request: int | None = None
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+
+
+class ReadyExtras(msgspec.Struct, frozen=True):
+    """What the plugin adds to the ready response (every field optional)."""
+
+    groups: list[GroupExtra] = []
+    bytes_per_block_per_worker: list[int] = []
+    # CUDA device UUIDs (or indices) of the engine's local workers, in worker order.
+    devices: list[str] = []
+    pid: int | None = None
+    model_name: str | None = None
+    model_path: str | None = None
+    cache_dtype: str | None = None
+    settings: dict[str, Any] = {}
+
+
+class Bye(msgspec.Struct, frozen=True):
+    engine_index: int
+    instance_id: str | None = None
+
+
+_ready_decoder = msgspec.msgpack.Decoder(ReadyResponse)
+_extras_decoder = msgspec.msgpack.Decoder(ReadyExtras)
+_bye_decoder = msgspec.msgpack.Decoder(Bye)
+_encoder = msgspec.msgpack.Encoder()
+
+
+def decode_ready(payload: bytes) -> ReadyResponse:
+    return _ready_decoder.decode(payload)
+
+
+def decode_extras(payload: bytes) -> ReadyExtras:
+    return _extras_decoder.decode(payload)
+
+
+def decode_bye(payload: bytes) -> Bye:
+    return _bye_decoder.decode(payload)
+
+
+def encode(value: object) -> bytes:
+    return _encoder.encode(value)
+
+
+def ready_message(ready: bytes, extras: ReadyExtras | None = None) -> list[bytes]:
+    frames = [READY_TOPIC, ready]
+    if extras is not None:
+        frames.append(encode(extras))
+    return frames
+
+
+def bye_message(engine_index: int, instance_id: str | None) -> list[bytes]:
+    return [BYE_TOPIC, encode(Bye(engine_index, instance_id))]

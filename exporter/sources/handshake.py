@@ -1,0 +1,299 @@
+"""Source `handshake`: engine-core ready responses forwarded by kvcap's vLLM plugin over ZMQ.
+
+The plugin (exporter/vllm_plugin.py) pushes vLLM's own ready-response bytes, once per
+engine at startup, and a bye on clean shutdown. This is the only source that sees
+headless data-parallel nodes and it carries vLLM's exact per-engine numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import structlog
+import zmq
+
+from exporter.capacity import GroupCapacity
+from exporter.errors import ConfigError
+from exporter.handshake_wire import (
+    BYE_TOPIC,
+    READY_TOPIC,
+    ReadyExtras,
+    ReadyResponse,
+    decode_bye,
+    decode_extras,
+    decode_ready,
+)
+from exporter.sources.registry import SourceSpec, register_source
+from exporter.state import EngineReport, ReportedCapacity, StateSink
+from exporter.units import parse_size
+
+log = structlog.get_logger("kvcap.handshake")
+
+NAME = "handshake"
+DEFAULT_ENDPOINT = "ipc:///tmp/kvcap/handshake.sock"
+_POLL_MS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeSettings:
+    endpoint: str = DEFAULT_ENDPOINT
+    max_frame_bytes: int = 2**20
+    receive_hwm: int = 1000
+    # More messages than this per second are dropped (and counted): engines send one
+    # ready response each, so a flood is a bug or an attack, never a deployment.
+    max_messages_per_s: float = 200.0
+
+
+def engine_report(ready: ReadyResponse, extras: ReadyExtras | None) -> EngineReport:
+    """vLLM's own numbers for one engine, with the plugin's extras where it sent them."""
+    groups = tuple(
+        GroupCapacity(
+            kind=_KINDS.get(g.spec_type, g.spec_type),
+            spec_type=g.spec_type,
+            num_layers=g.num_layers,
+            layer_names=(),
+            block_size=g.block_size,
+            page_size_bytes=g.page_size_bytes,
+            blocks_per_request=-(-g.max_memory_usage_bytes_per_request // g.page_size_bytes)
+            if g.max_memory_usage_bytes_per_request is not None and g.page_size_bytes > 0
+            else 0,
+            max_memory_usage_bytes_per_request=g.max_memory_usage_bytes_per_request or 0,
+            sliding_window=g.sliding_window,
+            attention_chunk_size=g.attention_chunk_size,
+        )
+        for g in (extras.groups if extras else [])
+    )
+    return EngineReport(
+        engine=str(ready.data_parallel_rank),
+        model_name=(extras.model_name if extras and extras.model_name else ""),
+        instance_id=ready.instance_id,
+        vllm_version=ready.vllm_version,
+        reported=ReportedCapacity(
+            num_gpu_blocks=ready.num_gpu_blocks,
+            block_size=ready.block_size,
+            kv_cache_size_tokens=ready.kv_cache_size_tokens,
+            max_concurrency=ready.kv_cache_max_concurrency,
+            max_model_len=ready.max_model_len,
+            cache_dtype=extras.cache_dtype if extras else None,
+            groups=groups,
+            bytes_per_block_per_worker=tuple(extras.bytes_per_block_per_worker) if extras else (),
+        ),
+    )
+
+
+_KINDS = {
+    "FullAttentionSpec": "full_attention",
+    "SlidingWindowSpec": "sliding_window",
+    "ChunkedLocalAttentionSpec": "chunked_local",
+    "MLAAttentionSpec": "mla",
+    "MambaSpec": "mamba",
+}
+
+
+class RateGuard:
+    """A token bucket: at most `rate` messages per second, bursts of `rate`."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.tokens = rate
+        self.clock = clock
+        self.last = clock()
+
+    def allow(self) -> bool:
+        now = self.clock()
+        self.tokens = min(self.rate, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+class HandshakeReceiver:
+    """Decodes messages into the engines of one endpoint; every outcome is counted."""
+
+    def __init__(self, endpoint: str, sink: StateSink, settings: HandshakeSettings) -> None:
+        self.endpoint = endpoint
+        self.sink = sink
+        self.settings = settings
+        self.engines: dict[str, EngineReport] = {}
+        self.guard = RateGuard(settings.max_messages_per_s)
+        self.accepted = 0
+        self.rejected = 0
+
+    def handle(self, frames: list[bytes]) -> None:
+        reason, message = self._apply(frames)
+        if reason is None:
+            self.accepted += 1
+            self.sink.publish(NAME, self.endpoint, list(self.engines.values()))
+        else:
+            self.rejected += 1
+            self.sink.reject(NAME, self.endpoint, reason, message)
+
+    def _apply(self, frames: list[bytes]) -> tuple[str | None, str]:
+        """None when the message was applied, else (reason, message) of the rejection."""
+        if not self.guard.allow():
+            return "rate_limited", "more messages than --handshake.max-rate"
+        if any(len(frame) > self.settings.max_frame_bytes for frame in frames):
+            return "frame_too_large", f"a frame over {self.settings.max_frame_bytes} bytes"
+        topic = frames[0] if frames else b""
+        kinds = {READY_TOPIC: (self._ready, (2, 3)), BYE_TOPIC: (self._bye, (2,))}
+        if topic not in kinds:
+            return "unknown_topic", f"topic {topic[:40]!r}"
+        apply, frame_counts = kinds[topic]
+        if len(frames) not in frame_counts:
+            return "wrong_frame_count", f"{len(frames)} frames for {topic!r}"
+        try:
+            apply(frames)
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            return "malformed_frame", str(error)
+        return None, ""
+
+    def _ready(self, frames: list[bytes]) -> None:
+        ready = decode_ready(frames[1])
+        extras = decode_extras(frames[2]) if len(frames) == 3 else None
+        report = engine_report(ready, extras)
+        old = self.engines.get(report.engine)
+        if old is not None and old.instance_id != report.instance_id:
+            log.info("engine restarted", engine=report.engine, instance_id=report.instance_id)
+        self.engines[report.engine] = report
+
+    def _bye(self, frames: list[bytes]) -> None:
+        bye = decode_bye(frames[1])
+        engine = self.engines.get(str(bye.engine_index))
+        # A bye from an older instance must not remove its restarted successor.
+        if engine is not None and engine.instance_id == bye.instance_id:
+            del self.engines[str(bye.engine_index)]
+
+
+class HandshakeSource:
+    """A ZMQ PULL socket bound at the endpoint, read on one thread."""
+
+    name = NAME
+
+    def __init__(self, settings: HandshakeSettings) -> None:
+        self.settings = settings
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._context = zmq.Context(io_threads=1)
+        self._socket: zmq.Socket[bytes] | None = None
+        self.receiver: HandshakeReceiver | None = None
+
+    def start(self, sink: StateSink) -> None:
+        endpoint = self.settings.endpoint
+        _prepare_ipc_directory(endpoint)
+        socket = self._context.socket(zmq.PULL)
+        socket.setsockopt(zmq.RCVHWM, self.settings.receive_hwm)
+        # ZMQ drops the connection of a peer that sends a larger message.
+        socket.setsockopt(zmq.MAXMSGSIZE, 3 * self.settings.max_frame_bytes + 1024)
+        socket.setsockopt(zmq.LINGER, 0)
+        try:
+            socket.bind(endpoint)
+        except zmq.ZMQError as error:
+            socket.close()
+            raise ConfigError(f"--handshake.listen {endpoint}: {error}") from None
+        self._socket = socket
+        self.receiver = HandshakeReceiver(endpoint, sink, self.settings)
+        sink.register_target(NAME, endpoint)
+        # Nothing to wait for: an empty handshake is a valid answer (no engine started yet).
+        sink.publish(NAME, endpoint, [])
+        self._thread = threading.Thread(target=self._run, name="handshake", daemon=True)
+        self._thread.start()
+        log.info("handshake listening", endpoint=endpoint)
+
+    def _run(self) -> None:
+        assert self._socket is not None
+        assert self.receiver is not None
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(_POLL_MS):
+                continue
+            while True:
+                try:
+                    frames = self._socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError:
+                    return
+                self.receiver.handle(frames)
+
+    def stop(self, timeout_s: float) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self._socket is not None:
+            self._socket.close(linger=0)
+        self._context.term()
+
+
+def _prepare_ipc_directory(endpoint: str) -> None:
+    """An ipc:// path's directory is created private (0700) when it does not exist."""
+    if not endpoint.startswith("ipc://"):
+        return
+    directory = Path(endpoint.removeprefix("ipc://")).parent
+    if not directory.exists():
+        directory.mkdir(mode=0o700, parents=True)
+    path = Path(endpoint.removeprefix("ipc://"))
+    if path.is_socket():
+        os.unlink(path)  # a stale socket file from a previous run
+
+
+def _add_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--handshake.listen",
+        dest="handshake_listen",
+        default=DEFAULT_ENDPOINT,
+        help="ZMQ endpoint the vLLM plugin pushes to: ipc://PATH (its directory "
+        "is created 0700) or tcp://127.0.0.1:PORT",
+    )
+    group.add_argument(
+        "--handshake.max-frame-size",
+        dest="handshake_max_frame_size",
+        type=parse_size,
+        default=2**20,
+        help="largest accepted frame (1MiB)",
+    )
+    group.add_argument(
+        "--handshake.receive-hwm",
+        dest="handshake_receive_hwm",
+        type=int,
+        default=1000,
+        help="ZMQ receive high-water mark",
+    )
+    group.add_argument(
+        "--handshake.max-rate",
+        dest="handshake_max_rate",
+        type=float,
+        default=200.0,
+        help="messages per second before dropping",
+    )
+
+
+def _build(args: argparse.Namespace) -> HandshakeSource:
+    return HandshakeSource(
+        HandshakeSettings(
+            endpoint=args.handshake_listen,
+            max_frame_bytes=args.handshake_max_frame_size,
+            receive_hwm=args.handshake_receive_hwm,
+            max_messages_per_s=args.handshake_max_rate,
+        )
+    )
+
+
+register_source(
+    SourceSpec(
+        name=NAME,
+        help="receive engine ready responses from kvcap's vLLM plugin over ZMQ",
+        default_enabled=True,
+        add_arguments=_add_arguments,
+        build=_build,
+    )
+)

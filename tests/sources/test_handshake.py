@@ -1,0 +1,265 @@
+"""The handshake source over real ZMQ sockets, fed vLLM 0.33's own ready-response bytes."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+
+from exporter.handshake_wire import (
+    BYE_TOPIC,
+    READY_TOPIC,
+    GroupExtra,
+    ReadyExtras,
+    bye_message,
+    encode,
+    ready_message,
+)
+from exporter.sources.handshake import HandshakeReceiver, HandshakeSettings, HandshakeSource
+from exporter.state import StateStore
+from tests.conftest import GOLDEN
+
+HANDSHAKE = GOLDEN / "handshake"
+DEPLOYMENTS = sorted(HANDSHAKE.glob("*.json"))
+
+
+def load(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def extras_for(deployment: dict[str, Any], engine: dict[str, Any]) -> ReadyExtras:
+    return ReadyExtras(
+        groups=[
+            GroupExtra(
+                spec_type=g["spec_type"],
+                num_layers=g["num_layers"],
+                block_size=g["block_size"],
+                page_size_bytes=g["page_size_bytes"],
+                max_memory_usage_bytes_per_request=g["max_memory_usage_bytes_per_request"],
+            )
+            for g in engine["groups"]
+        ],
+        bytes_per_block_per_worker=[engine["bytes_per_block_per_worker"]] * engine["world_size"],
+        model_name=deployment["served_model_name"],
+        pid=1234,
+    )
+
+
+class Listener:
+    """A HandshakeSource on a private ipc path, and a PUSH socket connected to it."""
+
+    def __init__(self, tmp_path: Path, **settings: Any) -> None:
+        self.store = StateStore()
+        self.endpoint = f"ipc://{tmp_path}/kvcap/handshake.sock"
+        self.source = HandshakeSource(HandshakeSettings(endpoint=self.endpoint, **settings))
+        self.context = zmq.Context()
+        self.push = self.context.socket(zmq.PUSH)
+
+    def __enter__(self) -> Listener:
+        self.source.start(self.store)
+        self.push.connect(self.endpoint)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.push.close(linger=0)
+        self.context.term()
+        self.source.stop(2.0)
+
+    def send(self, frames: list[bytes]) -> None:
+        self.push.send_multipart(frames)
+
+    def wait_for(self, predicate: Any, timeout_s: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate(self.store.snapshot()):
+                return
+            time.sleep(0.002)
+        raise AssertionError("state never reached the expected shape")
+
+
+@pytest.fixture
+def listener(tmp_path: Path) -> Iterator[Listener]:
+    with Listener(tmp_path) as started:
+        yield started
+
+
+@pytest.mark.parametrize("path", DEPLOYMENTS, ids=[p.stem for p in DEPLOYMENTS])
+def test_vllm_ready_bytes_become_engines(listener: Listener, path: Path) -> None:
+    deployment = load(path)
+    for frame, engine in zip(deployment["frames"], deployment["engines"], strict=True):
+        ready = (HANDSHAKE / frame["file"]).read_bytes()
+        listener.send(ready_message(ready, extras_for(deployment, engine)))
+    listener.wait_for(lambda s: len(s.engines) == len(deployment["engines"]))
+    views = {v.engine: v for v in listener.store.snapshot().engines}
+    for engine in deployment["engines"]:
+        view = views[str(engine["engine"])]
+        assert view.sources == ("handshake",)
+        assert view.capacity_source == "reported"
+        assert view.num_gpu_blocks == engine["num_gpu_blocks"]
+        assert view.block_size == engine["block_size"]
+        assert view.kv_cache_size_tokens == engine["kv_cache_size_tokens"]
+        assert view.max_concurrency == engine["max_concurrency"]
+        assert view.max_model_len == engine["max_model_len"]
+        assert view.instance_id == deployment["instance_id"]
+        assert view.vllm_version == "0.33.0"
+        assert view.model_name == deployment["served_model_name"]
+        assert [g.spec_type for g in view.groups] == [g["spec_type"] for g in engine["groups"]]
+        assert {g.blocks_per_request for g in view.groups} == {
+            -(-g["max_memory_usage_bytes_per_request"] // g["page_size_bytes"])
+            for g in engine["groups"]
+        }
+        assert view.kv_cache_bytes_per_worker[0] == (
+            engine["bytes_per_block_per_worker"] * engine["num_gpu_blocks"]
+        )
+
+
+def _ready_for_rank(rank: int, instance_id: str = "1") -> bytes:
+    """vLLM's bytes for another DP rank: decoded and re-encoded like vLLM's dataclass."""
+    fields = msgspec.msgpack.decode(
+        (HANDSHAKE / "llama-3.1-8b-dp2-tp1.engine0.msgpack").read_bytes()
+    )
+    fields.update(data_parallel_rank=rank, instance_id=instance_id)
+    return msgspec.msgpack.encode(fields)
+
+
+def test_data_parallel_4_in_any_order_then_restart_and_bye(listener: Listener) -> None:
+    ranks = [3, 0, 2, 1]
+    random.Random(7).shuffle(ranks)
+    for rank in ranks:
+        listener.send(ready_message(_ready_for_rank(rank)))
+    listener.wait_for(lambda s: [v.engine for v in s.engines] == ["0", "1", "2", "3"])
+
+    listener.send(ready_message(_ready_for_rank(2, instance_id="2")))
+    listener.wait_for(lambda s: s.engines[2].instance_id == "2")
+    assert [v.instance_id for v in listener.store.snapshot().engines] == ["1", "1", "2", "1"]
+
+    listener.send(bye_message(2, "1"))  # a late bye of the old instance changes nothing
+    listener.send(bye_message(3, "1"))
+    listener.wait_for(lambda s: [v.engine for v in s.engines] == ["0", "1", "2"])
+    listener.send(bye_message(2, "2"))
+    listener.wait_for(lambda s: [v.engine for v in s.engines] == ["0", "1"])
+
+
+def test_state_is_updated_within_50_ms_of_receipt(listener: Listener) -> None:
+    delays = []
+    for rank in range(20):
+        sent = time.monotonic()
+        listener.send(ready_message(_ready_for_rank(rank)))
+        listener.wait_for(lambda s, r=rank: len(s.engines) == r + 1)
+        delays.append(time.monotonic() - sent)
+    assert max(delays) < 0.05
+
+
+@pytest.mark.parametrize(
+    ("frames", "reason"),
+    [
+        ([b"kvcap.other.v1", b""], "unknown_topic"),
+        ([READY_TOPIC], "wrong_frame_count"),
+        ([READY_TOPIC, b"", b"", b""], "wrong_frame_count"),
+        ([READY_TOPIC, b"\x85\xa3abc"], "malformed_frame"),
+        ([READY_TOPIC, encode({"max_model_len": "long"})], "malformed_frame"),
+        ([BYE_TOPIC, encode({"engine_index": -1.5})], "malformed_frame"),
+        ([READY_TOPIC, b"\xdd\xff\xff\xff\xff"], "malformed_frame"),
+        ([READY_TOPIC, b"x" * (2**20 + 1)], "frame_too_large"),
+    ],
+)
+def test_bad_frames_are_counted_and_change_nothing(
+    listener: Listener, frames: list[bytes], reason: str
+) -> None:
+    listener.send(ready_message(_ready_for_rank(0)))
+    listener.wait_for(lambda s: len(s.engines) == 1)
+    listener.send(frames)
+    listener.wait_for(lambda s: s.errors.get(("handshake", reason)) == 1)
+    snapshot = listener.store.snapshot()
+    assert [v.engine for v in snapshot.engines] == ["0"]
+    assert snapshot.sources[0].up
+
+
+def test_message_floods_are_dropped_and_counted(tmp_path: Path) -> None:
+    with Listener(tmp_path, max_messages_per_s=10.0) as listener:
+        for rank in range(50):
+            listener.send(ready_message(_ready_for_rank(rank)))
+        listener.wait_for(
+            lambda s: len(s.engines) + s.errors.get(("handshake", "rate_limited"), 0) == 50
+        )
+        assert len(listener.store.snapshot().engines) <= 11
+
+
+def _mutations(seed: int, count: int) -> Iterator[list[bytes]]:
+    """Random and mutated frames: wrong counts, truncated and bit-flipped msgpack, wrong
+    types, msgpack headers that claim huge lengths, and now and then a valid message."""
+    rng = random.Random(seed)
+    valid = _ready_for_rank(0)
+    huge = [
+        b"\xdb\xff\xff\xff\xf0",
+        b"\xdd\xff\xff\xff\xff",
+        b"\xdf\x7f\xff\xff\xff",
+        b"\xc6\xff\xff\xff\xff",
+    ]
+    wrong_types = [
+        encode({"max_model_len": [], "num_gpu_blocks": 1, "data_parallel_rank": 0}),
+        encode([1, 2, 3]),
+        encode("ready"),
+        encode({"engine_index": "zero"}),
+    ]
+    for _ in range(count):
+        kind = rng.randrange(8)
+        if kind == 0:
+            frames = [rng.randbytes(rng.randrange(0, 64)) for _ in range(rng.randrange(1, 5))]
+        elif kind == 1:
+            frames = [READY_TOPIC, valid[: rng.randrange(len(valid))]]
+        elif kind == 2:
+            flipped = bytearray(valid)
+            for _ in range(rng.randrange(1, 8)):
+                flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
+            frames = [READY_TOPIC, bytes(flipped)]
+        elif kind == 3:
+            frames = [rng.choice([READY_TOPIC, BYE_TOPIC]), rng.choice(huge)]
+        elif kind == 4:
+            frames = [rng.choice([READY_TOPIC, BYE_TOPIC]), rng.choice(wrong_types)]
+        elif kind == 5:
+            frames = [READY_TOPIC] * rng.randrange(4, 7)
+        elif kind == 6:
+            frames = [READY_TOPIC, valid, rng.randbytes(rng.randrange(1, 32))]
+        else:
+            frames = ready_message(_ready_for_rank(rng.randrange(4), str(rng.randrange(3))))
+        yield frames
+
+
+def test_fuzz_100k_frames_no_crash_no_corruption_every_one_counted() -> None:
+    store = StateStore()
+    receiver = HandshakeReceiver("ipc://fuzz", store, HandshakeSettings(max_messages_per_s=1e9))
+    sent = 0
+    for frames in _mutations(seed=1, count=100_000):
+        receiver.handle(frames)
+        sent += 1
+    assert receiver.accepted + receiver.rejected == sent == 100_000
+    assert sum(store.snapshot().errors.values()) == receiver.rejected
+    assert receiver.rejected > 50_000
+    # Only well-formed engines made it into the state, each under its own index. (A bit
+    # flip can turn a valid message into another valid one: that is not corruption.)
+    for engine, report in receiver.engines.items():
+        assert engine == report.engine == str(int(engine))
+        assert report.reported is not None
+        assert isinstance(report.reported.num_gpu_blocks, int)
+        assert isinstance(report.reported.max_model_len, int)
+    assert {v.engine for v in store.snapshot().engines} == set(receiver.engines)
+
+
+def test_fuzz_through_real_sockets(listener: Listener) -> None:
+    receiver = listener.source.receiver
+    assert receiver is not None
+    receiver.guard.rate = 1e9
+    receiver.guard.tokens = 1e9
+    for frames in _mutations(seed=2, count=5_000):
+        listener.send(frames)
+    listener.wait_for(lambda s: receiver.accepted + receiver.rejected == 5_000, timeout_s=30)
+    assert sum(listener.store.snapshot().errors.values()) == receiver.rejected
