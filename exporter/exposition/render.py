@@ -1,4 +1,4 @@
-"""Render /metrics bodies from snapshots, once per snapshot, in both formats.
+"""Render /metrics bodies from snapshots, once per snapshot and format.
 
 The exposition is a pure function of the snapshot, so it is rendered when the snapshot
 changes and served as bytes until the next change. Only the process_* series (CPU,
@@ -48,13 +48,34 @@ def _render(families: Iterable[Metric], openmetrics: bool) -> bytes:
     return text_format.generate_latest(registry)
 
 
-@dataclass(frozen=True, slots=True)
 class _Rendered:
-    version: int
-    text: bytes
-    openmetrics: bytes  # without "# EOF": the per-scrape part ends the body
-    text_gzip: bytes
-    openmetrics_gzip: bytes
+    """The bodies of one snapshot, each variant rendered the first time it is asked for."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.version = snapshot.version
+        self._families = [*engine_families(snapshot.engines), *self_families(snapshot)]
+        self._bodies: dict[tuple[bool, bool], bytes] = {}
+        self._lock = threading.Lock()
+
+    def body(self, *, openmetrics: bool, gzipped: bool) -> bytes:
+        key = (openmetrics, gzipped)
+        body = self._bodies.get(key)
+        if body is None:
+            with self._lock:
+                body = self._bodies.get(key)
+                if body is None:
+                    body = self._make(openmetrics, gzipped)
+                    self._bodies[key] = body
+        return body
+
+    def _make(self, openmetrics: bool, gzipped: bool) -> bytes:
+        if gzipped:
+            plain = self.body(openmetrics=openmetrics, gzipped=False)
+            return gzip.compress(plain, compresslevel=_GZIP_LEVEL, mtime=0)
+        if openmetrics:
+            # Without "# EOF": the per-scrape part ends the body.
+            return _render(self._families, openmetrics=True).removesuffix(_EOF)
+        return _render(self._families, openmetrics=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,16 +108,12 @@ class ExpositionCache:
         rendered = self._current()
         openmetrics = wants_openmetrics(accept)
         tail = self._per_scrape(openmetrics)
-        if wants_gzip(accept_encoding):
-            # A gzip stream may hold several members (RFC 1952, section 2.2); every gzip
-            # reader, Prometheus' included, concatenates them. So the cached member is
-            # reused and only the small per-scrape part is compressed now.
-            head = rendered.openmetrics_gzip if openmetrics else rendered.text_gzip
-            content = head + gzip.compress(tail, compresslevel=1)
-            gzipped = True
-        else:
-            content = (rendered.openmetrics if openmetrics else rendered.text) + tail
-            gzipped = False
+        gzipped = wants_gzip(accept_encoding)
+        head = rendered.body(openmetrics=openmetrics, gzipped=gzipped)
+        # A gzip stream may hold several members (RFC 1952, section 2.2); every gzip
+        # reader, Prometheus' included, concatenates them. So the cached member is reused
+        # and only the small per-scrape part is compressed now.
+        content = head + (gzip.compress(tail, compresslevel=1) if gzipped else tail)
         content_type = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
         return Body(content, content_type, gzipped)
 
@@ -108,22 +125,9 @@ class ExpositionCache:
         with self._lock:
             rendered = self._rendered
             if rendered is None or rendered.version != snapshot.version:
-                rendered = self._render(snapshot)
+                rendered = _Rendered(snapshot)
                 self._rendered = rendered
         return rendered
-
-    @staticmethod
-    def _render(snapshot: Snapshot) -> _Rendered:
-        families = [*engine_families(snapshot.engines), *self_families(snapshot)]
-        text = _render(families, openmetrics=False)
-        openmetrics = _render(families, openmetrics=True).removesuffix(_EOF)
-        return _Rendered(
-            version=snapshot.version,
-            text=text,
-            openmetrics=openmetrics,
-            text_gzip=gzip.compress(text, compresslevel=_GZIP_LEVEL, mtime=0),
-            openmetrics_gzip=gzip.compress(openmetrics, compresslevel=_GZIP_LEVEL, mtime=0),
-        )
 
     def _per_scrape(self, openmetrics: bool) -> bytes:
         if self._process is None:

@@ -1,0 +1,108 @@
+"""Handshake: how soon a ready response is visible in /metrics, and decode cost.
+
+1. Latency: a PUSH socket sends vLLM 0.33's ready-response bytes of an engine (a new DP
+   rank, later a restarted one with a new instance id) to a running exporter that watches
+   up to 64 engines; the clock stops when GET /metrics shows the change.
+2. Throughput: kvcap's decode of a ready message (tolerant Struct + extras + report) vs a
+   raw `msgspec.msgpack.decode` of the same bytes to plain Python objects.
+Run: .venv/bin/python benchmarks/handshake.py
+"""
+
+from __future__ import annotations
+
+import http.client
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+import zmq
+
+from exporter.handshake_wire import ReadyExtras, decode_extras, decode_ready, encode, ready_message
+from exporter.logs import configure_logging
+from exporter.serve import Exporter
+from exporter.sources.handshake import HandshakeSettings, HandshakeSource, engine_report
+
+ROOT = Path(__file__).resolve().parent.parent
+READY = (
+    ROOT / "tests/fixtures/golden/handshake/qwen3-next-80b-a3b-dp2-tp2.engine0.msgpack"
+).read_bytes()
+ENGINES = 64
+ROUNDS = 4  # round 0 adds the engines, later rounds restart each (a new instance id)
+
+
+def ready_for(rank: int, instance_id: str) -> bytes:
+    fields = msgspec.msgpack.decode(READY)
+    fields.update(data_parallel_rank=rank, instance_id=instance_id)
+    return msgspec.msgpack.encode(fields)
+
+
+def latency(tmp: Path) -> list[float]:
+    endpoint = f"ipc://{tmp}/handshake.sock"
+    source = HandshakeSource(HandshakeSettings(endpoint=endpoint, max_messages_per_s=1e6))
+    exporter = Exporter([source], "127.0.0.1:0")
+    exporter.start()
+    host, port = exporter.server.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port))
+    context = zmq.Context()
+    push = context.socket(zmq.PUSH)
+    push.connect(endpoint)
+    extras = ReadyExtras(model_name="Qwen/Qwen3-Next-80B-A3B-Instruct")
+    delays = []
+    try:
+        for round_ in range(ROUNDS):
+            for rank in range(ENGINES):
+                needle = f'engine="{rank}",instance_id="r{round_}"'.encode()
+                started = time.perf_counter()
+                push.send_multipart(ready_message(ready_for(rank, f"r{round_}"), extras))
+                while True:
+                    connection.request("GET", "/metrics")
+                    if needle in connection.getresponse().read():
+                        break
+                delays.append(time.perf_counter() - started)
+    finally:
+        push.close(linger=0)
+        context.term()
+        exporter.stop()
+    return delays
+
+
+def throughput() -> tuple[float, float]:
+    extras = encode(ReadyExtras(model_name="m", bytes_per_block_per_worker=[1, 2]))
+    rounds = 20_000
+
+    def ours() -> None:
+        engine_report(decode_ready(READY), decode_extras(extras))
+
+    def raw() -> None:
+        msgspec.msgpack.decode(READY)
+        msgspec.msgpack.decode(extras)
+
+    results = []
+    for func in (ours, raw):
+        began = time.perf_counter()
+        for _ in range(rounds):
+            func()
+        results.append(rounds / (time.perf_counter() - began))
+    return results[0], results[1]
+
+
+def main() -> None:
+    configure_logging("warn")
+    with tempfile.TemporaryDirectory() as tmp:
+        delays = sorted(latency(Path(tmp)))
+    p99 = delays[int(len(delays) * 0.99) - 1]
+    print(
+        f"receipt to visible in /metrics ({ENGINES} engines, {len(delays)} messages): median "
+        f"{statistics.median(delays) * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms (target p99 < 20 ms)"
+    )
+    ours, raw = throughput()
+    print(
+        f"decode: kvcap {ours:,.0f} msg/s (Struct + extras + report), raw msgspec "
+        f"{raw:,.0f} msg/s; kvcap/raw = {ours / raw:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
