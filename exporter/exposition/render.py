@@ -55,7 +55,8 @@ class _Rendered:
         self.version = snapshot.version
         self._families = [*engine_families(snapshot.engines), *self_families(snapshot)]
         self._bodies: dict[tuple[bool, bool], bytes] = {}
-        self._lock = threading.Lock()
+        # Re-entrant: a gzip body is made from the plain body of the same snapshot.
+        self._lock = threading.RLock()
 
     def body(self, *, openmetrics: bool, gzipped: bool) -> bytes:
         key = (openmetrics, gzipped)

@@ -94,3 +94,14 @@ def test_every_exported_metric_is_documented_and_every_documented_one_exported()
     documented = set(re.findall(r"^\| `(kvcap_[a-z_]+)`", DOCS.read_text(), re.MULTILINE))
     documented = {n.removesuffix("_total") for n in documented}
     assert exported == documented
+
+
+def test_every_variant_renders_in_any_order() -> None:
+    for accept in (None, "application/openmetrics-text; version=1.0.0"):
+        cache = ExpositionCache(rich_store().snapshot)
+        zipped = cache.body(accept=accept, accept_encoding="gzip")
+        plain = cache.body(accept=accept)
+        assert (
+            gzip.decompress(zipped.content).split(b"# HELP process_")[0]
+            == plain.content.split(b"# HELP process_")[0]
+        )
