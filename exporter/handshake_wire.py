@@ -61,7 +61,7 @@ class ReadyExtras(msgspec.Struct, frozen=True):
 
     groups: list[GroupExtra] = []
     bytes_per_block_per_worker: list[int] = []
-    # CUDA device UUIDs (or indices) of the engine's local workers, in worker order.
+    # The engine process's CUDA_VISIBLE_DEVICES entries (indices or UUIDs), in worker order.
     devices: list[str] = []
     pid: int | None = None
     model_name: str | None = None
