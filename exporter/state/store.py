@@ -10,7 +10,7 @@ from typing import Protocol
 
 import structlog
 
-from exporter.state.records import EngineReport
+from exporter.state.records import EngineReport, GpuReport
 from exporter.state.snapshot import (
     EMPTY,
     Snapshot,
@@ -48,6 +48,15 @@ class StateSink(Protocol):
     ) -> None: ...
 
     def reject(self, source: str, target: str, reason: str, message: str) -> None: ...
+
+    def publish_gpus(
+        self,
+        source: str,
+        target: str,
+        gpus: Sequence[GpuReport],
+        *,
+        duration_s: float | None = None,
+    ) -> None: ...
 
     def forget(self, source: str, target: str, engine: str | None = None) -> None: ...
 
