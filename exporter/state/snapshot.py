@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from exporter.capacity import GroupCapacity
-from exporter.state.records import EngineReport
+from exporter.state.records import EngineReport, GpuReport
 
 # When two sources describe one engine, the more exact one wins: the handshake carries
 # vLLM's own numbers per engine; the HTTP source reads them from labels.
@@ -73,6 +73,8 @@ class Snapshot:
     # Errors so far, by (source, reason): monotonic counters.
     errors: Mapping[tuple[str, str], int]
     taken_at_s: float
+    # GPUs in the order the engines' workers see them (CUDA_VISIBLE_DEVICES order).
+    gpus: tuple[GpuReport, ...] = ()
 
     @property
     def ready(self) -> bool:

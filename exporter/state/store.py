@@ -79,6 +79,7 @@ class StateStore:
         self._lock = threading.Lock()
         self._targets: dict[tuple[str, str], _Target] = {}
         self._errors: dict[tuple[str, str], int] = {}
+        self._gpus: dict[tuple[str, str], tuple[GpuReport, ...]] = {}
         self._version = 0
         self._snapshot = EMPTY
 
@@ -145,6 +146,32 @@ class StateStore:
                 has_reported=True,
                 last_duration_s=duration_s,
                 last_error=f"{reason}: {message}",
+            )
+            self._rebuild()
+
+    def publish_gpus(
+        self,
+        source: str,
+        target: str,
+        gpus: Sequence[GpuReport],
+        *,
+        duration_s: float | None = None,
+    ) -> None:
+        """A successful GPU read: these are all the GPUs of this target now, in the order
+        the engines' workers number them."""
+        now = self._clock()
+        with self._lock:
+            entry = self._target(source, target)
+            if not entry.status.up and entry.status.has_reported:
+                log.info("source recovered", source=source, target=target)
+            self._gpus[(source, target)] = tuple(gpus)
+            entry.status = replace(
+                entry.status,
+                up=True,
+                has_reported=True,
+                last_success_s=now,
+                last_duration_s=duration_s,
+                last_error=None,
             )
             self._rebuild()
 
@@ -230,6 +257,7 @@ class StateStore:
             engines=engines,
             sources=tuple(t.status for _, t in sorted(self._targets.items())),
             errors=dict(self._errors),
+            gpus=tuple(gpu for _, gpus in sorted(self._gpus.items()) for gpu in gpus),
             taken_at_s=self._clock(),
         )
 
