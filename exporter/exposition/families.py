@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from exporter import __version__
 from exporter.state import EngineView, Snapshot
+from exporter.state.snapshot import EngineGpu
 
 ENGINE_LABELS = ("engine", "model_name")
 CAPACITY_MODEL = "vllm-0.33"
@@ -71,7 +72,9 @@ def _label(value: object) -> str:
     return str(value)
 
 
-def engine_families(engines: tuple[EngineView, ...]) -> Iterator[Metric]:
+def engine_families(
+    engines: tuple[EngineView, ...], engine_gpus: tuple[EngineGpu, ...] = ()
+) -> Iterator[Metric]:
     info = GaugeMetricFamily(
         "kvcap_engine_info",
         "Identity of a vLLM engine (one data-parallel rank); always 1.",
@@ -119,8 +122,9 @@ def engine_families(engines: tuple[EngineView, ...]) -> Iterator[Metric]:
     )
     kv_bytes = GaugeMetricFamily(
         "kvcap_kv_cache_bytes",
-        "Bytes of KV cache tensors on each worker (TP x PP rank) of the engine.",
-        labels=[*ENGINE_LABELS, "worker"],
+        "Bytes of KV cache tensors on each worker (TP x PP rank) of the engine, with the "
+        "worker's GPU where known.",
+        labels=[*ENGINE_LABELS, "worker", "gpu", "uuid"],
     )
     group_info = GaugeMetricFamily(
         "kvcap_kv_cache_group_info",
@@ -157,6 +161,7 @@ def engine_families(engines: tuple[EngineView, ...]) -> Iterator[Metric]:
         for name, text, _ in group_gauges
     }
 
+    gpu_of = {(g.engine, g.worker): g for g in engine_gpus}
     for view in engines:
         ids = [view.engine, view.model_name]
         info.add_metric(
@@ -188,7 +193,10 @@ def engine_families(engines: tuple[EngineView, ...]) -> Iterator[Metric]:
         if view.capacity_mismatch is not None:
             mismatch.add_metric(ids, 1 if view.capacity_mismatch else 0)
         for worker, size in enumerate(view.kv_cache_bytes_per_worker):
-            kv_bytes.add_metric([*ids, str(worker)], size)
+            gpu = gpu_of.get((view.engine, worker))
+            kv_bytes.add_metric(
+                [*ids, str(worker), gpu.gpu if gpu else "", gpu.uuid if gpu else ""], size
+            )
         for index, group in enumerate(view.groups):
             group_ids = [*ids, str(index)]
             group_info.add_metric(
@@ -215,6 +223,65 @@ def engine_families(engines: tuple[EngineView, ...]) -> Iterator[Metric]:
     yield kv_bytes
     yield group_info
     yield from group_families.values()
+
+
+def gpu_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """GPUs as NVML reports them, which GPU each engine worker uses, and KV headroom."""
+    gpu_labels = ["gpu", "uuid"]
+    info = GaugeMetricFamily(
+        "kvcap_gpu_info",
+        "A GPU (or MIG instance) NVML reports; always 1.",
+        labels=[*gpu_labels, "name", "pci_bus_id", "driver_version", "mig_mode"],
+    )
+    memory = {
+        name: GaugeMetricFamily(f"kvcap_gpu_memory_{name}_bytes", text, labels=gpu_labels)
+        for name, text in (
+            ("total", "Memory of the GPU."),
+            ("used", "Memory in use on the GPU."),
+            ("free", "Free memory on the GPU."),
+            ("reserved", "Memory the driver reserves on the GPU (NVML v2 memory struct)."),
+        )
+    }
+    processes = GaugeMetricFamily(
+        "kvcap_gpu_process_memory_bytes",
+        "GPU memory used by a process the sidecar can see.",
+        labels=[*gpu_labels, "pid"],
+    )
+    for gpu in snapshot.gpus:
+        ids = [gpu.index, gpu.uuid]
+        info.add_metric(
+            [*ids, gpu.name, gpu.pci_bus_id, gpu.driver_version, _label(gpu.mig_mode)], 1
+        )
+        memory["total"].add_metric(ids, gpu.memory_total_bytes)
+        memory["used"].add_metric(ids, gpu.memory_used_bytes)
+        memory["free"].add_metric(ids, gpu.memory_free_bytes)
+        if gpu.memory_reserved_bytes is not None:
+            memory["reserved"].add_metric(ids, gpu.memory_reserved_bytes)
+        for process in gpu.processes:
+            processes.add_metric([*ids, str(process.pid)], process.used_bytes)
+    engine_gpu = GaugeMetricFamily(
+        "kvcap_engine_gpu_info",
+        "The GPU each worker of an engine runs on; always 1.",
+        labels=[*ENGINE_LABELS, "worker", *gpu_labels],
+    )
+    for entry in snapshot.engine_gpus:
+        engine_gpu.add_metric(
+            [entry.engine, entry.model_name, str(entry.worker), entry.gpu, entry.uuid], 1
+        )
+    headroom = GaugeMetricFamily(
+        "kvcap_kv_cache_headroom_tokens",
+        "Tokens the engine would gain if the free memory of its most constrained GPU "
+        "became KV cache.",
+        labels=list(ENGINE_LABELS),
+    )
+    models = {view.engine: view.model_name for view in snapshot.engines}
+    for engine, tokens in sorted(snapshot.headroom_tokens.items()):
+        headroom.add_metric([engine, models.get(engine, "")], tokens)
+    yield info
+    yield from memory.values()
+    yield processes
+    yield engine_gpu
+    yield headroom
 
 
 def self_families(snapshot: Snapshot) -> Iterator[Metric]:

@@ -17,7 +17,7 @@ from prometheus_client import exposition as text_format
 from prometheus_client.core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics_format
 
-from exporter.exposition.families import engine_families, self_families
+from exporter.exposition.families import engine_families, gpu_families, self_families
 from exporter.state import Snapshot
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -53,7 +53,11 @@ class _Rendered:
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.version = snapshot.version
-        self._families = [*engine_families(snapshot.engines), *self_families(snapshot)]
+        self._families = [
+            *engine_families(snapshot.engines, snapshot.engine_gpus),
+            *gpu_families(snapshot),
+            *self_families(snapshot),
+        ]
         self._bodies: dict[tuple[bool, bool], bytes] = {}
         # Re-entrant: a gzip body is made from the plain body of the same snapshot.
         self._lock = threading.RLock()

@@ -70,8 +70,19 @@ def engine_report(ready: ReadyResponse, extras: ReadyExtras | None) -> EngineRep
         )
         for g in (extras.groups if extras else [])
     )
+    devices = tuple(extras.devices) if extras else ()
+    world_size = ready.world_size
+    local_rank = None
+    if devices and world_size:
+        # The engine process sees all of its node's GPUs; engines of a node are numbered
+        # consecutively, so its place among them is its index modulo engines per node.
+        engines_per_node = max(len(devices) // world_size, 1)
+        local_rank = ready.data_parallel_rank % engines_per_node
     return EngineReport(
         engine=str(ready.data_parallel_rank),
+        world_size=world_size,
+        local_rank=local_rank,
+        devices=devices,
         model_name=(extras.model_name if extras and extras.model_name else ""),
         instance_id=ready.instance_id,
         vllm_version=ready.vllm_version,

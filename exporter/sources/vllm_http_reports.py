@@ -105,9 +105,26 @@ def read_server(
                 derived=derived,
                 derivation_error=error,
                 usage=KvUsage(usage.get(engine), running.get(engine), waiting.get(engine)),
+                world_size=_world_size(args),
+                local_rank=_local_rank(engine, args),
             )
         )
     return ServerReading(tuple(reports), tuple(dict.fromkeys(warnings)))
+
+
+def _world_size(args: VllmServeArgs | None) -> int | None:
+    if args is None:
+        return None
+    return (args.tensor_parallel_size or 1) * (args.pipeline_parallel_size or 1)
+
+
+def _local_rank(engine: str, args: VllmServeArgs | None) -> int | None:
+    """The engine's place among its node's engines: its global rank minus the node's
+    first rank (`--data-parallel-start-rank`)."""
+    if not engine.isdigit():
+        return None
+    start = args.data_parallel_start_rank if args else None
+    return int(engine) - (start or 0)
 
 
 def _engine(label: str) -> str:

@@ -44,6 +44,11 @@ class EngineReport:
     # Why the capacity model could not derive this engine, when it could not.
     derivation_error: str | None = None
     usage: KvUsage | None = None
+    # Where the engine's workers run: TP x PP workers, the engine's index among the
+    # engines of its node, and its CUDA_VISIBLE_DEVICES entries when a source knows them.
+    world_size: int | None = None
+    local_rank: int | None = None
+    devices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +72,6 @@ class GpuReport:
     memory_reserved_bytes: int | None = None  # the v2 memory struct only
     mig_mode: bool = False
     processes: tuple[GpuProcessMemory, ...] = ()
+    # Position in the engines' CUDA_VISIBLE_DEVICES order (vLLM's logical device index);
+    # None: the GPU's position in the published list.
+    visible_index: int | None = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from exporter.capacity import GroupCapacity
 from exporter.state.records import EngineReport, GpuReport
@@ -54,6 +54,9 @@ class EngineView:
     usage_ratio: float | None
     requests_running: float | None
     requests_waiting: float | None
+    world_size: int | None = None
+    local_rank: int | None = None
+    devices: tuple[str, ...] = ()
 
     @property
     def used_tokens(self) -> float | None:
@@ -61,6 +64,17 @@ class EngineView:
         if self.usage_ratio is None or self.kv_cache_size_tokens is None:
             return None
         return self.usage_ratio * self.kv_cache_size_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class EngineGpu:
+    """One worker of an engine and the GPU it runs on."""
+
+    engine: str
+    model_name: str
+    worker: int
+    gpu: str
+    uuid: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +89,9 @@ class Snapshot:
     taken_at_s: float
     # GPUs in the order the engines' workers see them (CUDA_VISIBLE_DEVICES order).
     gpus: tuple[GpuReport, ...] = ()
+    # Which GPU each engine worker uses, and the tokens its free memory would add.
+    engine_gpus: tuple[EngineGpu, ...] = ()
+    headroom_tokens: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
@@ -165,6 +182,10 @@ def merge_engine(entries: Sequence[tuple[SourceReports, EngineReport]]) -> Engin
         usage_ratio=usage.usage_ratio if usage else None,
         requests_running=usage.requests_running if usage else None,
         requests_waiting=usage.requests_waiting if usage else None,
+        world_size=next((r.world_size for r in reports if r.world_size), None)
+        or (len(bytes_per_block) or None),
+        local_rank=next((r.local_rank for r in reports if r.local_rank is not None), None),
+        devices=next((r.devices for r in reports if r.devices), ()),
     )
 
 

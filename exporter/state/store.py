@@ -10,6 +10,7 @@ from typing import Protocol
 
 import structlog
 
+from exporter.state.gpus import headroom_tokens, map_engine_gpus
 from exporter.state.records import EngineReport, GpuReport
 from exporter.state.snapshot import (
     EMPTY,
@@ -252,12 +253,16 @@ class StateStore:
             engines = build_engine_views(entries)
         else:
             engines = self._snapshot.engines
+        gpus = tuple(gpu for _, found in sorted(self._gpus.items()) for gpu in found)
+        engine_gpus = map_engine_gpus(engines, gpus)
         self._snapshot = Snapshot(
             version=self._version,
             engines=engines,
             sources=tuple(t.status for _, t in sorted(self._targets.items())),
             errors=dict(self._errors),
-            gpus=tuple(gpu for _, gpus in sorted(self._gpus.items()) for gpu in gpus),
+            gpus=gpus,
+            engine_gpus=engine_gpus,
+            headroom_tokens=headroom_tokens(engines, engine_gpus, gpus),
             taken_at_s=self._clock(),
         )
 

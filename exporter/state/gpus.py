@@ -1,0 +1,95 @@
+"""Which GPU each engine worker runs on, and how many tokens free GPU memory would add."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from exporter.state.records import GpuReport
+from exporter.state.snapshot import EngineGpu, EngineView
+
+
+def map_engine_gpus(
+    engines: Sequence[EngineView], gpus: Sequence[GpuReport]
+) -> tuple[EngineGpu, ...]:
+    """vLLM's rule (mp backend): engine k of a node with W workers per engine uses the
+    logical GPUs k*W .. k*W+W-1 of CUDA_VISIBLE_DEVICES; `gpus` is in that order.
+
+    When a source knows the engine's own CUDA_VISIBLE_DEVICES entries, those name the
+    physical GPUs (by index or UUID) instead of the sidecar's view.
+    """
+    by_name = {gpu.uuid: gpu for gpu in gpus} | {gpu.index: gpu for gpu in gpus}
+    # A lost GPU is left out of the list, so positions come from visible_index when set.
+    by_logical = {
+        gpu.visible_index if gpu.visible_index is not None else position: gpu
+        for position, gpu in enumerate(gpus)
+    }
+    mapped: list[EngineGpu] = []
+    for view in engines:
+        workers = view.world_size or len(view.kv_cache_bytes_per_worker)
+        if not workers:
+            continue
+        local = view.local_rank if view.local_rank is not None else _index(view.engine)
+        if local is None:
+            continue
+        for worker in range(workers):
+            logical = local * workers + worker
+            gpu: GpuReport | None
+            if view.devices:
+                name = view.devices[logical] if logical < len(view.devices) else None
+                gpu = by_name.get(name) if name is not None else None
+            else:
+                gpu = by_logical.get(logical)
+            if gpu is not None:
+                mapped.append(EngineGpu(view.engine, view.model_name, worker, gpu.index, gpu.uuid))
+    return tuple(mapped)
+
+
+def headroom_tokens(
+    engines: Sequence[EngineView], engine_gpus: Sequence[EngineGpu], gpus: Sequence[GpuReport]
+) -> dict[str, int]:
+    """Tokens each engine would gain if its most constrained GPU's free memory became KV
+    cache: extra blocks = min over its workers of free bytes // bytes per block there."""
+    free = {gpu.index: gpu.memory_free_bytes for gpu in gpus}
+    workers_of: dict[str, list[EngineGpu]] = {}
+    for entry in engine_gpus:
+        workers_of.setdefault(entry.engine, []).append(entry)
+    result: dict[str, int] = {}
+    for view in engines:
+        extra = _extra_blocks(view, workers_of.get(view.engine, []), free)
+        per_request = sum(group.blocks_per_request for group in view.groups)
+        if (
+            extra is None
+            or not per_request
+            or not view.max_model_len
+            or view.num_gpu_blocks is None
+        ):
+            continue
+        # The capacity model's formula: tokens = int(blocks / blocks per request x length).
+        now = int(view.num_gpu_blocks / per_request * view.max_model_len)
+        more = int((view.num_gpu_blocks + extra) / per_request * view.max_model_len)
+        result[view.engine] = more - now
+    return result
+
+
+def _extra_blocks(
+    view: EngineView, workers: Sequence[EngineGpu], free: Mapping[str, int]
+) -> int | None:
+    if not workers or view.num_gpu_blocks is None or not view.kv_cache_bytes_per_worker:
+        return None
+    if len(workers) != len(view.kv_cache_bytes_per_worker):
+        return None  # a worker's GPU is unknown or lost: no figure rather than a wrong one
+    blocks = []
+    for entry in workers:
+        if entry.worker >= len(view.kv_cache_bytes_per_worker) or entry.gpu not in free:
+            return None
+        bytes_per_block = view.kv_cache_bytes_per_worker[entry.worker] // max(
+            view.num_gpu_blocks, 1
+        )
+        if bytes_per_block <= 0:
+            return None
+        blocks.append(free[entry.gpu] // bytes_per_block)
+    return min(blocks)
+
+
+def _index(engine: str) -> int | None:
+    return int(engine) if engine.isdigit() else None
