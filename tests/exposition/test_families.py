@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.exposition import ExpositionCache
 from exporter.state import StateStore
 from tests.state.helpers import reports
+from tests.state.test_gpus import gpu
 from tests.tools import require_tool
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
@@ -25,6 +26,7 @@ def rich_store() -> StateStore:
     store.publish("vllm_http", "http://a", reports("gemma-3-27b-text-dp2-tp2"), duration_s=0.01)
     store.publish("handshake", "ipc://x", reports("qwen3-next-80b-a3b-dp2-tp2")[:1])
     store.fail("nvml", "local", "driver_not_loaded", "no driver")
+    store.publish_gpus("nvml", "node", [gpu(i) for i in range(2)])
     return store
 
 
