@@ -5,13 +5,12 @@
    up to 64 engines; the clock stops when GET /metrics shows the change.
 2. Throughput: kvcap's decode of a ready message (tolerant Struct + extras + report) vs a
    raw `msgspec.msgpack.decode` of the same bytes to plain Python objects.
-Run: .venv/bin/python benchmarks/handshake.py
+Run: .venv/bin/python -m benchmarks.handshake
 """
 
 from __future__ import annotations
 
 import http.client
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
+from benchmarks.common import Row, median, p99, print_rows
 from exporter.handshake_wire import ReadyExtras, decode_extras, decode_ready, encode, ready_message
 from exporter.logs import configure_logging
 from exporter.serve import Exporter
@@ -88,20 +88,31 @@ def throughput() -> tuple[float, float]:
     return results[0], results[1]
 
 
-def main() -> None:
+def rows() -> list[Row]:
     configure_logging("warn")
     with tempfile.TemporaryDirectory() as tmp:
-        delays = sorted(latency(Path(tmp)))
-    p99 = delays[int(len(delays) * 0.99) - 1]
-    print(
-        f"receipt to visible in /metrics ({ENGINES} engines, {len(delays)} messages): median "
-        f"{statistics.median(delays) * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms (target p99 < 20 ms)"
-    )
+        delays = latency(Path(tmp))
     ours, raw = throughput()
-    print(
-        f"decode: kvcap {ours:,.0f} msg/s (Struct + extras + report), raw msgspec "
-        f"{raw:,.0f} msg/s; kvcap/raw = {ours / raw:.2f}"
-    )
+    figure = f"handshake receipt to /metrics ({ENGINES} engines)"
+    return [
+        Row(f"{figure}: median", median(delays) * 1e3, "ms", target="report"),
+        Row(
+            f"{figure}: p99", p99(delays) * 1e3, "ms", target="< 20 ms", passed=p99(delays) < 0.020
+        ),
+        # Throughput: a higher value is better, so the ratio column is raw/ours.
+        Row(
+            "handshake decode, messages/s (Struct+extras+report)",
+            ours,
+            "/s",
+            raw,
+            "raw msgspec.msgpack.decode",
+            "report",
+        ),
+    ]
+
+
+def main() -> None:
+    print_rows(rows())
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 The body is vLLM 0.33's own exposition (qwen3-next, DP 2, with every histogram) widened
 to 64 engines by repeating each engine's series with new `engine` labels: several MB,
 mostly histogram buckets, as a large data-parallel deployment serves it.
-Run: .venv/bin/python benchmarks/parse.py
+Run: .venv/bin/python -m benchmarks.parse
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.common import Row, print_rows
 from exporter.sources.parsing import parse_cache_config_info, parse_vllm_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,16 +56,27 @@ def theirs(body: str) -> int:
     return sum(len(f.samples) for f in text_string_to_metric_families(body))
 
 
-def main() -> None:
+def rows() -> list[Row]:
     body = wide_exposition(ENGINES)
     assert ours(body) == ENGINES
-    lines = body.count("\n")
     kvcap_s = median_s(lambda: ours(body), 21)
     client_s = median_s(lambda: theirs(body), 5)
-    print(f"{ENGINES}-engine exposition: {len(body) / 2**20:.2f} MiB, {lines} lines")
-    print(f"kvcap parse_vllm_metrics + cache_config_info: {kvcap_s * 1e3:8.2f} ms")
-    print(f"prometheus_client text_string_to_metric_families: {client_s * 1e3:8.2f} ms")
-    print(f"ratio: {client_s / kvcap_s:.0f}x faster")
+    figure = f"parse {ENGINES}-engine /metrics ({len(body) / 2**20:.1f} MiB)"
+    return [
+        Row(
+            figure,
+            kvcap_s * 1e3,
+            "ms",
+            client_s * 1e3,
+            "prometheus_client parser",
+            ">= 50x faster",
+            client_s / kvcap_s >= 50,
+        )
+    ]
+
+
+def main() -> None:
+    print_rows(rows())
 
 
 if __name__ == "__main__":

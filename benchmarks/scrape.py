@@ -4,17 +4,19 @@ Deployment: 64 engines, each with 4 KV cache groups and 8 workers (GPUs, TP=8), 
 Scout. Baseline: the same series as prometheus_client `Gauge` children, served by
 prometheus_client's own HTTP server. Both are fetched over loopback with a keep-alive
 client, plain and gzip (Prometheus asks for gzip). Also: idle RSS of `kvcap-exporter serve`.
-Run: .venv/bin/python benchmarks/scrape.py
+Also: the same series served by Debian's prometheus-node-exporter (textfile collector).
+Run: .venv/bin/python -m benchmarks.scrape
 """
 
 from __future__ import annotations
 
 import http.client
 import json
-import os
-import statistics
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +24,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.common import Row, median, p99, print_rows
 from exporter.capacity import EngineSettings, derive_capacity
 from exporter.logs import configure_logging
 from exporter.serve import Exporter
@@ -96,13 +99,131 @@ def latencies(port: int, gzip_: bool) -> list[float]:
     return timings[20:]  # warm-up
 
 
-def p99(values: list[float]) -> float:
-    return sorted(values)[int(len(values) * 0.99) - 1]
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def node_exporter_latencies(kvcap_body: str, gzip_: bool) -> list[float] | None:
+    """Debian's prometheus-node-exporter serving the same kvcap_* series (textfile collector)."""
+    binary = shutil.which("prometheus-node-exporter")
+    if binary is None:
+        return None
+    with tempfile.TemporaryDirectory() as directory:
+        lines = [
+            line
+            for line in kvcap_body.splitlines()
+            if line.startswith(("kvcap_", "# HELP kvcap_", "# TYPE kvcap_"))
+        ]
+        Path(directory, "kvcap.prom").write_text("\n".join(lines) + "\n")
+        port = free_port()
+        process = subprocess.Popen(
+            [
+                binary,
+                "--collector.disable-defaults",
+                "--collector.textfile",
+                f"--collector.textfile.directory={directory}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                        break
+                except OSError:
+                    time.sleep(0.05)
+            return latencies(port, gzip_)
+        finally:
+            process.terminate()
+            process.wait(5)
+
+
+def rows() -> list[Row]:
+    configure_logging("warn")
+    store = StateStore()
+    store.publish("handshake", "ipc:///run/kvcap/handshake", reports())
+    exporter = Exporter([], "127.0.0.1:0", store=store)
+    exporter.start()
+    port = int(exporter.server.url.rsplit(":", 1)[1])
+    connection = http.client.HTTPConnection("127.0.0.1", port)
+    connection.request("GET", "/metrics")
+    body = connection.getresponse().read().decode()
+    connection.close()
+    series = sum(1 for line in body.splitlines() if line.startswith("kvcap_"))
+    registry = baseline_registry(body)
+    baseline_server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
+    baseline_port = baseline_server.server_address[1]
+    result = []
+    try:
+        for gzip_ in (False, True):
+            kind = "gzip" if gzip_ else "plain"
+            ours = latencies(port, gzip_)
+            theirs = latencies(baseline_port, gzip_)
+            node = node_exporter_latencies(body, gzip_)
+            name = f"/metrics {kind}, {ENGINES} engines ({series} series)"
+            result.append(
+                Row(
+                    f"{name}: median",
+                    median(ours) * 1e3,
+                    "ms",
+                    median(theirs) * 1e3,
+                    "prometheus_client Gauges",
+                    ">= 10x faster",
+                    median(theirs) / median(ours) >= 10,
+                )
+            )
+            result.append(
+                Row(
+                    f"{name}: p99",
+                    p99(ours) * 1e3,
+                    "ms",
+                    p99(theirs) * 1e3,
+                    "prometheus_client Gauges",
+                    "< 2 ms",
+                    p99(ours) < 0.002,
+                )
+            )
+            if node is not None:
+                result.append(
+                    Row(
+                        f"{name}: median vs node_exporter",
+                        median(ours) * 1e3,
+                        "ms",
+                        median(node) * 1e3,
+                        "node_exporter textfile",
+                        "not slower",
+                        median(ours) <= median(node),
+                    )
+                )
+    finally:
+        baseline_server.shutdown()
+        baseline_server.server_close()
+        exporter.stop()
+    rss = idle_rss_mib()
+    result.append(
+        Row("idle RSS of `kvcap-exporter serve`", rss, "MiB", target="<= 45 MiB", passed=rss <= 45)
+    )
+    return result
 
 
 def idle_rss_mib() -> float:
     process = subprocess.Popen(
-        [sys.executable, "-m", "exporter.cli", "serve", "--web.listen-address", "127.0.0.1:0"],
+        [
+            sys.executable,
+            "-m",
+            "exporter.cli",
+            "serve",
+            "--web.listen-address",
+            "127.0.0.1:0",
+            "--handshake.listen",
+            "tcp://127.0.0.1:0",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -119,45 +240,7 @@ def idle_rss_mib() -> float:
 
 
 def main() -> None:
-    configure_logging("warn")
-    store = StateStore()
-    store.publish("handshake", "ipc:///run/kvcap/handshake", reports())
-    exporter = Exporter([], "127.0.0.1:0", store=store)
-    exporter.start()
-    port = int(exporter.server.url.rsplit(":", 1)[1])
-    connection = http.client.HTTPConnection("127.0.0.1", port)
-    connection.request("GET", "/metrics")
-    body = connection.getresponse().read().decode()
-    series = sum(1 for line in body.splitlines() if line.startswith("kvcap_"))
-
-    registry = baseline_registry(body)
-    baseline_server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
-    baseline_port = baseline_server.server_address[1]
-
-    print(
-        f"{ENGINES} engines x 4 groups x 8 workers: {series} kvcap series, "
-        f"{len(body) / 1024:.0f} KiB; {REQUESTS} keep-alive requests each"
-    )
-    print(f"{'':24s} {'median ms':>10s} {'p99 ms':>8s}")
-    for gzip_ in (False, True):
-        ours = latencies(port, gzip_)
-        theirs = latencies(baseline_port, gzip_)
-        kind = "gzip" if gzip_ else "plain"
-        print(f"{'kvcap ' + kind:24s} {statistics.median(ours) * 1e3:10.3f} {p99(ours) * 1e3:8.3f}")
-        print(
-            f"{'prometheus_client ' + kind:24s} {statistics.median(theirs) * 1e3:10.3f} "
-            f"{p99(theirs) * 1e3:8.3f}"
-        )
-        print(
-            f"{'ratio (baseline/kvcap)':24s} "
-            f"{statistics.median(theirs) / statistics.median(ours):10.1f}x "
-            f"{p99(theirs) / p99(ours):7.1f}x"
-        )
-    baseline_server.shutdown()
-    exporter.stop()
-    print(
-        f"idle RSS of `kvcap-exporter serve`: {idle_rss_mib():.1f} MiB (pid {os.getpid()} parent)"
-    )
+    print_rows(rows())
 
 
 if __name__ == "__main__":

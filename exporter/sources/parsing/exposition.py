@@ -46,6 +46,12 @@ _LABEL_PAIR = re.compile(
     r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"[ \t]*(,?)'
 )
 _LABELS_END = re.compile(r"[ \t]*}")
+# A whole well-formed label set in one match: pairs separated by commas, an optional
+# trailing comma. Lines that match take the fast path (one findall for every pair);
+# any other line goes through the pair-by-pair scanner, which says what is wrong.
+_PAIR_TEXT = r'[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"[^"\\]*(?:\\.[^"\\]*)*"[ \t]*'
+_LABEL_SET = re.compile(rf"(?:{_PAIR_TEXT}(?:,{_PAIR_TEXT})*,?)?[ \t]*}}")
+_PAIRS = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"')
 _ESCAPE = re.compile(r"\\(.)")
 # Both formats allow only these three escapes in label values.
 _UNESCAPED = {"\\": "\\", '"': '"', "n": "\n"}
@@ -165,6 +171,23 @@ def _parse_sample(line: str, name: str) -> Sample:
 
 def _scan_labels(line: str, position: int) -> tuple[dict[str, str], int]:
     """Labels from just after `{`; returns them and the position just after `}`."""
+    whole = _LABEL_SET.match(line, position)
+    if whole is not None:
+        end = whole.end()
+        pairs = _PAIRS.findall(line, position, end)
+        labels = dict(pairs)
+        if len(labels) == len(pairs) and len(labels) <= MAX_LABELS_PER_SAMPLE:
+            if "\\" in line:
+                labels = {label: _ESCAPE.sub(_unescape, value) for label, value in pairs}
+            if labels and max(map(len, labels.values())) > MAX_LABEL_VALUE_CHARS:
+                label = max(labels, key=lambda name: len(labels[name]))
+                raise _BadLine(f"absurd label: {label} is {len(labels[label])} characters long")
+            return labels, end
+    return _scan_labels_one_by_one(line, position)
+
+
+def _scan_labels_one_by_one(line: str, position: int) -> tuple[dict[str, str], int]:
+    """The careful path: pair by pair, so a malformed label set is reported precisely."""
     labels: dict[str, str] = {}
     while True:
         pair = _LABEL_PAIR.match(line, position)
