@@ -2,7 +2,7 @@
 
 The daemon re-derives capacity whenever an engine (re)starts or a source reports new
 settings, and it must read config.json anyway, so json parsing is the natural baseline.
-Run: .venv/bin/python benchmarks/bench_capacity.py
+Run: .venv/bin/python -m benchmarks.capacity
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import statistics
 import time
-import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.common import Row, print_rows
 from exporter.capacity import EngineSettings, derive_capacity
 from exporter.capacity.batch import settings_from_record
 
@@ -31,15 +31,9 @@ def best_of(repeats: int, func: Callable[[], object], number: int) -> float:
     return statistics.median(timings)
 
 
-def main() -> None:
-    cases = {}
-    for line in GOLDEN.read_text().splitlines():
-        record = json.loads(line)
-        if "result" in record:
-            cases.setdefault(record["model"], record)
-    print(f"{'model':22s} {'derive us':>10s} {'json us':>9s} {'ratio':>7s} {'peak KiB':>9s}")
-    ratios = []
-    for model, record in sorted(cases.items()):
+def rows() -> list[Row]:
+    ratios, derive_times = [], []
+    for record in _first_case_per_model().values():
         text = json.dumps(record["hf_config"])
         settings: EngineSettings = settings_from_record(record["settings"])
         memory = record["settings"]["available_kv_bytes_per_worker"]
@@ -56,17 +50,32 @@ def main() -> None:
             return json.loads(text)
 
         derive_s = best_of(5, derive, 50)
-        parse_s = best_of(5, parse, 500)
-        tracemalloc.start()
-        derive()
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        ratios.append(derive_s / parse_s)
-        print(
-            f"{model:22s} {derive_s * 1e6:10.1f} {parse_s * 1e6:9.1f} "
-            f"{derive_s / parse_s:7.1f} {peak / 1024:9.1f}"
+        derive_times.append(derive_s)
+        ratios.append(derive_s / best_of(5, parse, 500))
+    value = statistics.median(derive_times) * 1e6
+    return [
+        Row(
+            "capacity derivation per engine (median of 13 families)",
+            value,
+            "us",
+            value / statistics.median(ratios),
+            "json.loads of the config.json",
+            "report",
         )
-    print(f"median ratio derive/json-parse: {statistics.median(ratios):.1f}x")
+    ]
+
+
+def _first_case_per_model() -> dict[str, dict[str, object]]:
+    cases: dict[str, dict[str, object]] = {}
+    for line in GOLDEN.read_text().splitlines():
+        record = json.loads(line)
+        if "result" in record:
+            cases.setdefault(record["model"], record)
+    return cases
+
+
+def main() -> None:
+    print_rows(rows())
 
 
 if __name__ == "__main__":
