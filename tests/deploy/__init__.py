@@ -1,0 +1,1 @@
+"""Tests of the Kubernetes deployment: chart, manifests, image, rules and dashboard."""
