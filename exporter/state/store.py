@@ -141,6 +141,8 @@ class StateStore:
             self._errors[key] = self._errors.get(key, 0) + 1
             if entry.reports is not None and stale:
                 entry.reports = replace(entry.reports, stale=True)
+            # GPU figures are live readings: a failed read leaves none rather than old ones.
+            self._gpus.pop((source, target), None)
             entry.status = replace(
                 entry.status,
                 up=False,
