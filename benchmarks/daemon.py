@@ -42,7 +42,9 @@ def proc_figures(pid: int) -> tuple[float, float, int]:
     return rss, cpu, threads
 
 
-def start_daemon(port: int, *args: str) -> subprocess.Popen[bytes]:
+def start_daemon(
+    port: int, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
             sys.executable,
@@ -59,6 +61,7 @@ def start_daemon(port: int, *args: str) -> subprocess.Popen[bytes]:
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
     )
 
 
