@@ -86,7 +86,14 @@ def rows() -> list[Row]:
             tick = 0
             while time.monotonic() - began < seconds:
                 tick += 1
-                churn(tick, simulation, sim_port, push, nvml, healthy)
+                churn(
+                    tick,
+                    simulation=simulation,
+                    sim_port=sim_port,
+                    push=push,
+                    nvml=nvml,
+                    healthy=healthy,
+                )
                 if tick % 10 == 0:
                     rss, _, threads = proc_figures(daemon.pid)
                     samples.append((time.monotonic() - began, rss, threads, series(metrics(port))))
@@ -108,6 +115,7 @@ def rows() -> list[Row]:
 
 def churn(
     tick: int,
+    *,
     simulation: SimulatedVllm,
     sim_port: int,
     push: zmq.Socket[bytes],
