@@ -118,24 +118,34 @@ class Exporter:
         log.info("kvcap exporter stopped")
 
 
-def wait_for_signal() -> None:
-    stop = threading.Event()
+class StopSignals:
+    """SIGTERM and SIGINT set an event. Install before anything starts, so a signal that
+    arrives during start-up still stops the process cleanly."""
 
-    def handle(signum: int, frame: FrameType | None) -> None:
-        log.info("stopping", signal=signal.Signals(signum).name)
-        stop.set()
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.received: list[str] = []
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
 
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
-    stop.wait()
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        # Only set the event: a handler that logged could deadlock on the logger's lock,
+        # which the interrupted main thread may be holding.
+        self.received.append(signal.Signals(signum).name)
+        self.event.set()
+
+    def wait(self) -> None:
+        self.event.wait()
+        log.info("stopping", signal=self.received[0] if self.received else None)
 
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
+    stop = StopSignals()
     exporter = Exporter(build_sources(args), args.web_listen_address, args.web_config_file)
-    exporter.start()
     try:
-        wait_for_signal()
+        exporter.start()
+        stop.wait()
     finally:
         exporter.stop()
     return 0

@@ -13,8 +13,17 @@ from pathlib import Path
 import pytest
 
 
+class Started(subprocess.Popen[str]):
+    """A process that is killed, not waited for forever, when a test fails inside `with`."""
+
+    def __exit__(self, *exc: object) -> None:
+        if self.poll() is None:
+            self.kill()
+        super().__exit__(*exc)  # type: ignore[arg-type]
+
+
 def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return Started(
         [sys.executable, "-m", "exporter.cli", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from exporter.capacity import EngineSettings
 from exporter.demo.simulated_vllm import SimulatedVllm
 from exporter.logs import configure_logging
-from exporter.serve import Exporter, add_common_arguments, wait_for_signal
+from exporter.serve import Exporter, StopSignals, add_common_arguments
 from exporter.sources.parsing import parse_vllm_serve_args
 from exporter.sources.vllm_http import VllmHttpSettings, VllmHttpSource
 
@@ -88,17 +88,18 @@ def summary(exporter: Exporter, simulation: SimulatedVllm) -> str:
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     configure_logging(args.log_level, args.log_format)
+    stop = StopSignals()
     with tempfile.TemporaryDirectory(prefix="kvcap-demo-") as models:
         simulation = simulated_deployment(Path(models) / DEMO_MODEL)
         simulation.start()
         exporter = Exporter(
             [http_source(simulation)], args.web_listen_address, args.web_config_file
         )
-        exporter.start()
-        out.write(summary(exporter, simulation))
-        out.flush()
         try:
-            wait_for_signal()
+            exporter.start()
+            out.write(summary(exporter, simulation))
+            out.flush()
+            stop.wait()
         finally:
             exporter.stop()
             simulation.stop()
