@@ -163,8 +163,8 @@ class HandshakeReceiver:
             return "wrong_frame_count", f"{len(frames)} frames for {topic!r}"
         try:
             apply(frames)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
-            return "malformed_frame", str(error)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as error:
+            return "malformed_frame", str(error) or type(error).__name__
         return None, ""
 
     def _ready(self, frames: list[bytes]) -> None:

@@ -49,7 +49,12 @@ def fetch(url: str, *, timeout_s: float, max_bytes: int) -> bytes:
     if len(raw) > max_bytes:
         raise FetchError("body_too_large", f"{url}: body larger than {max_bytes} bytes")
     # read(n) returns a short body quietly when the server hangs up early.
-    if declared is not None and declared.isdigit() and len(raw) < int(declared):
+    if (
+        declared is not None
+        and declared.isascii()
+        and declared.isdigit()
+        and len(raw) < int(declared)
+    ):
         raise FetchError("truncated", f"{url}: body ended after {len(raw)} of {declared} bytes")
     if encoding == "gzip":
         return _gunzip(url, raw, max_bytes)

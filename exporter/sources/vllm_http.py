@@ -118,6 +118,10 @@ class ServerPoller:
         except MalformedExposition as error:
             self._failed("malformed_exposition", str(error), began)
             return
+        except Exception as error:
+            log.exception("unexpected error reading the server", target=self.url)
+            self._failed("internal_error", f"{type(error).__name__}: {error}", began)
+            return
         for reason, message in reading.warnings:
             if message not in self._warned:  # once per distinct problem, not per poll
                 self._warned.add(message)

@@ -121,7 +121,7 @@ def _world_size(args: VllmServeArgs | None) -> int | None:
 def _local_rank(engine: str, args: VllmServeArgs | None) -> int | None:
     """The engine's place among its node's engines: its global rank minus the node's
     first rank (`--data-parallel-start-rank`)."""
-    if not engine.isdigit():
+    if not (engine.isascii() and engine.isdigit()):
         return None
     start = args.data_parallel_start_rank if args else None
     return int(engine) - (start or 0)
@@ -133,7 +133,7 @@ def _engine(label: str) -> str:
 
 
 def _engine_order(engine: str) -> tuple[int, str]:
-    return (int(engine), "") if engine.isdigit() else (1 << 30, engine)
+    return (int(engine), "") if engine.isascii() and engine.isdigit() else (1 << 30, engine)
 
 
 def _by_engine(samples: list[Sample]) -> dict[str, float]:
@@ -178,16 +178,19 @@ def _derive(
         return None, "engine settings unknown (give --vllm.args)"
     if blocks is None:
         return None, "vLLM reports no num_gpu_blocks"
-    settings = to_engine_settings(args)
-    # /v1/models shows max_model_len after auto-fit: the exact value the engine uses.
-    if max_model_len is not None:
-        settings = replace(settings, max_model_len=max_model_len)
-    if info is not None and info.cache_dtype and settings.kv_cache_dtype == "auto":
-        settings = replace(settings, kv_cache_dtype=info.cache_dtype)
     try:
+        settings = to_engine_settings(args)
+        # /v1/models shows max_model_len after auto-fit: the exact value the engine uses.
+        if max_model_len is not None:
+            settings = replace(settings, max_model_len=max_model_len)
+        if info is not None and info.cache_dtype and settings.kv_cache_dtype == "auto":
+            settings = replace(settings, kv_cache_dtype=info.cache_dtype)
         return derive(settings, blocks), None
     except KvcapError as error:
         return None, str(error)
+    except (ArithmeticError, ValueError, TypeError, KeyError, IndexError, MemoryError) as error:
+        # A config.json the capacity model cannot handle: no derived number, never a crash.
+        return None, f"capacity model failed: {type(error).__name__}: {error}"
 
 
 def cached_deriver(config: Mapping[str, Any]) -> Deriver:

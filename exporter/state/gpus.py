@@ -92,4 +92,4 @@ def _extra_blocks(
 
 
 def _index(engine: str) -> int | None:
-    return int(engine) if engine.isdigit() else None
+    return int(engine) if engine.isascii() and engine.isdigit() else None

@@ -200,8 +200,16 @@ def build_engine_views(entries: Sequence[SourceReports]) -> tuple[EngineView, ..
         for report in entry.reports:
             by_engine.setdefault(report.engine, []).append((entry, report))
     views = [merge_engine(found) for found in by_engine.values()]
-    return tuple(sorted(views, key=lambda v: (not v.engine.isdigit(), _engine_order(v.engine))))
+    return tuple(
+        sorted(
+            views,
+            key=lambda v: (
+                not (v.engine.isascii() and v.engine.isdigit()),
+                _engine_order(v.engine),
+            ),
+        )
+    )
 
 
 def _engine_order(engine: str) -> tuple[int, str]:
-    return (int(engine), "") if engine.isdigit() else (0, engine)
+    return (int(engine), "") if engine.isascii() and engine.isdigit() else (0, engine)

@@ -1,0 +1,1 @@
+"""Fault injection: the exporter against dying, restarting and misbehaving neighbours."""

@@ -1,0 +1,1 @@
+"""Fuzzing: every parser and decoder on arbitrary and mutated input (hypothesis)."""

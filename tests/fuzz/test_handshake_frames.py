@@ -1,0 +1,278 @@
+"""Handshake messages: any list of frames is counted and never breaks the receiver or state.
+
+HandshakeReceiver.handle runs on the handshake thread; an exception there ends the thread
+and with it every later engine start. Inputs: arbitrary frames, vLLM 0.33's own ready
+bytes (tests/fixtures/golden/handshake) and the plugin's extras mutated byte by byte,
+msgpack of the right field names with wrong values, and byes for any engine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
+
+from exporter.exposition import ExpositionCache
+from exporter.handshake_wire import (
+    BYE_TOPIC,
+    READY_TOPIC,
+    GroupExtra,
+    ReadyExtras,
+    decode_ready,
+    encode,
+)
+from exporter.sources.handshake import HandshakeReceiver, HandshakeSettings
+from exporter.state import StateStore
+from tests.conftest import GOLDEN
+from tests.fuzz.mutations import HOSTILE_NUMBERS, garbage, mutated, mutated_bytes
+
+HANDSHAKE = GOLDEN / "handshake"
+ENDPOINT = "ipc:///run/kvcap/handshake.sock"
+
+
+def _real_messages() -> list[tuple[bytes, bytes]]:
+    """(vLLM's ready bytes, the plugin's extras bytes) of every recorded engine."""
+    messages = []
+    for path in sorted(HANDSHAKE.glob("*.json")):
+        deployment = json.loads(path.read_text(encoding="utf-8"))
+        for frame, engine in zip(deployment["frames"], deployment["engines"], strict=True):
+            extras = ReadyExtras(
+                groups=[
+                    GroupExtra(
+                        spec_type=g["spec_type"],
+                        num_layers=g["num_layers"],
+                        block_size=g["block_size"],
+                        page_size_bytes=g["page_size_bytes"],
+                        max_memory_usage_bytes_per_request=g["max_memory_usage_bytes_per_request"],
+                    )
+                    for g in engine["groups"]
+                ],
+                bytes_per_block_per_worker=[engine["bytes_per_block_per_worker"]]
+                * engine["world_size"],
+                devices=[str(i) for i in range(engine["world_size"])],
+                model_name=deployment["served_model_name"],
+                pid=1234,
+            )
+            ready = (HANDSHAKE / frame["file"]).read_bytes()
+            messages.append((ready, encode(extras)))
+    return messages
+
+
+REAL = _real_messages()
+READY_FIELDS = tuple(msgspec.msgpack.decode(REAL[0][0]))
+# Above this many workers per engine the state maps workers to GPUs one by one for
+# minutes (see test_a_huge_world_size_is_refused); the property test stays under it.
+MAX_FUZZED_WORLD_SIZE = 4096
+
+
+def pack(value: Any) -> bytes:
+    """msgpack of `value`, or of nil where msgpack cannot hold it (ints past 64 bits)."""
+    try:
+        return encode(value)
+    except (OverflowError, TypeError):
+        return encode(None)
+
+
+ready_values = st.one_of(
+    st.sampled_from(HOSTILE_NUMBERS),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.sampled_from(["", "0", "\u00b2", "x" * 100]),
+    garbage,
+)
+
+
+@st.composite
+def ready_fields(draw: st.DrawFn) -> bytes:
+    """A real ready response re-encoded with some fields changed, dropped or added."""
+    ready, _ = draw(st.sampled_from(REAL))
+    fields = msgspec.msgpack.decode(ready)
+    changed = draw(mutated(fields, keys=READY_FIELDS, values=ready_values))
+    return pack(changed)
+
+
+@st.composite
+def extras_fields(draw: st.DrawFn) -> bytes:
+    _, extras = draw(st.sampled_from(REAL))
+    fields = msgspec.msgpack.decode(extras)
+    keys = (*ReadyExtras.__struct_fields__, *GroupExtra.__struct_fields__)
+    return pack(draw(mutated(fields, keys=keys, values=ready_values)))
+
+
+topics = st.sampled_from([READY_TOPIC, BYE_TOPIC, b"kvcap.ready.v2", b""]) | st.binary(max_size=16)
+real_ready = st.sampled_from(REAL).map(lambda message: message[0])
+real_extras = st.sampled_from(REAL).map(lambda message: message[1])
+
+messages = st.one_of(
+    # Anything at all.
+    st.lists(st.binary(max_size=64), max_size=5),
+    st.lists(topics | st.binary(max_size=32), max_size=5),
+    # A ready message, its bytes or its fields broken.
+    st.tuples(
+        st.just(READY_TOPIC),
+        real_ready.flatmap(mutated_bytes) | ready_fields() | real_ready,
+        st.none() | real_extras.flatmap(mutated_bytes) | extras_fields() | real_extras,
+    ).map(lambda t: [t[0], t[1]] if t[2] is None else list(t)),
+    # A bye for any engine and instance.
+    st.tuples(
+        st.just(BYE_TOPIC),
+        st.fixed_dictionaries({"engine_index": ready_values, "instance_id": ready_values}).map(pack)
+        | st.binary(max_size=16),
+    ).map(list),
+    # Valid messages, so the state has engines to break.
+    real_ready.map(lambda ready: [READY_TOPIC, ready]),
+)
+
+
+def world_size_of(frames: list[bytes]) -> int:
+    if len(frames) < 2 or frames[0] != READY_TOPIC:
+        return 0
+    try:
+        return decode_ready(frames[1]).world_size or 0
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return 0
+
+
+def known_crash(error: BaseException) -> str | None:
+    """The xfail test pinning a crash the fuzzer already found, if this is one."""
+    if isinstance(error, RecursionError):
+        return "test_deeply_nested_msgpack"
+    return None
+
+
+def check_state(receiver: HandshakeReceiver, store: StateStore, sent: int) -> None:
+    snapshot = store.snapshot()
+    assert receiver.accepted + receiver.rejected == sent
+    assert sum(count for (source, _), count in snapshot.errors.items()) == receiver.rejected
+    assert {source for source, _ in snapshot.errors} <= {"handshake"}
+    assert {reason for _, reason in snapshot.errors} <= {
+        "unknown_topic",
+        "wrong_frame_count",
+        "malformed_frame",
+        "frame_too_large",
+        "rate_limited",
+    }
+    for engine, report in receiver.engines.items():
+        assert engine == report.engine == str(int(engine))
+        assert report.reported is not None
+        assert type(report.reported.num_gpu_blocks) is int
+        assert type(report.reported.max_model_len) is int
+    assert {view.engine for view in snapshot.engines} == set(receiver.engines)
+    for view in snapshot.engines:
+        assert view.sources == ("handshake",)
+        assert view.capacity_source in ("reported", None)
+
+
+def render(store: StateStore) -> None:
+    """The state after the messages renders to a body Prometheus' parser reads."""
+    text = ExpositionCache(store.snapshot, process_metrics=False).body().content.decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            assert isinstance(sample.value, float)
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(batch=st.lists(messages, min_size=1, max_size=12))
+def test_any_frames_are_counted_and_never_break_the_state(batch: list[list[bytes]]) -> None:
+    assume(all(world_size_of(frames) <= MAX_FUZZED_WORLD_SIZE for frames in batch))
+    store = StateStore()
+    receiver = HandshakeReceiver(ENDPOINT, store, HandshakeSettings(max_messages_per_s=1e9))
+    store.register_target("handshake", ENDPOINT)
+    store.publish("handshake", ENDPOINT, [])
+    sent = 0
+    with capture_logs():
+        for frames in batch:
+            try:
+                receiver.handle(frames)
+            except Exception as error:
+                if known_crash(error) is None:
+                    raise
+                receiver.rejected += 1  # as the fix will count it
+                store.reject("handshake", ENDPOINT, "malformed_frame", str(error))
+            sent += 1
+            check_state(receiver, store, sent)
+    render(store)
+
+
+@given(frames=messages)
+def test_a_rejected_message_changes_no_engine(frames: list[bytes]) -> None:
+    """Whatever is rejected leaves the engines exactly as they were."""
+    assume(world_size_of(frames) <= MAX_FUZZED_WORLD_SIZE)
+    store = StateStore()
+    receiver = HandshakeReceiver(ENDPOINT, store, HandshakeSettings(max_messages_per_s=1e9))
+    with capture_logs():
+        for ready, extras in REAL[:2]:
+            receiver.handle([READY_TOPIC, ready, extras])
+        before = store.snapshot().engines
+        try:
+            receiver.handle(frames)
+        except RecursionError:
+            return  # test_deeply_nested_msgpack
+    if receiver.rejected:
+        assert store.snapshot().engines == before
+
+
+def test_every_recorded_engine_is_accepted() -> None:
+    store = StateStore()
+    receiver = HandshakeReceiver(ENDPOINT, store, HandshakeSettings(max_messages_per_s=1e9))
+    with capture_logs():
+        for ready, extras in REAL:
+            receiver.handle([READY_TOPIC, ready, extras])
+    assert receiver.rejected == 0
+    assert receiver.accepted == len(REAL)
+    check_state(receiver, store, len(REAL))
+    render(store)
+
+
+# --- the bugs the fuzzer found, minimal inputs ------------------------------------------
+
+MINIMAL_READY = {"max_model_len": 4096, "num_gpu_blocks": 1000, "data_parallel_rank": 0}
+
+
+NESTED = b"\x91" * 5000 + b"\xc0"  # 5000 one-element arrays around a nil: 5 kB
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        # In the extras: {"settings": {"a": [[[...]]]}}.
+        [READY_TOPIC, encode(MINIMAL_READY), b"\x81\xa8settings\x81\xa1a" + NESTED],
+        # In the ready response: a fourth, unknown field "z" (fixmap of 3 made a fixmap of 4).
+        [READY_TOPIC, b"\x84" + encode(MINIMAL_READY)[1:] + b"\xa1z" + NESTED],
+    ],
+    ids=["extras-settings", "ready-unknown-field"],
+)
+def test_deeply_nested_msgpack(frames: list[bytes]) -> None:
+    store = StateStore()
+    receiver = HandshakeReceiver(ENDPOINT, store, HandshakeSettings())
+    receiver.handle(frames)
+    assert receiver.rejected == 1
+    assert store.snapshot().errors == {("handshake", "malformed_frame"): 1}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=subprocess.TimeoutExpired,
+    reason="world_size is not bounded: map_engine_gpus loops over range(world_size) while "
+    "holding the store's lock, so world_size=2**40 hangs the handshake thread and every "
+    "later publish of every source",
+)
+def test_a_huge_world_size_is_refused() -> None:
+    # In a child process: the hang holds a lock and a CPU, and a thread cannot be stopped.
+    code = (
+        "from exporter.handshake_wire import READY_TOPIC, encode\n"
+        "from exporter.sources.handshake import HandshakeReceiver, HandshakeSettings\n"
+        "from exporter.state import StateStore\n"
+        f"ready = encode({{**{MINIMAL_READY!r}, 'world_size': 2**40}})\n"
+        "store = StateStore()\n"
+        f"receiver = HandshakeReceiver({ENDPOINT!r}, store, HandshakeSettings())\n"
+        "receiver.handle([READY_TOPIC, ready])\n"
+    )
+    subprocess.run([sys.executable, "-c", code], timeout=3, check=True)

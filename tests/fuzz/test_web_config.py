@@ -1,0 +1,326 @@
+"""--web.config.file: any text gives a WebConfig or a ConfigError, never a traceback.
+
+`kvcap-exporter serve` turns a ConfigError into one line on stderr and exit code 1; any
+other exception is a traceback at startup. The inputs: arbitrary text, YAML-looking text,
+and real web configs (TLS with every field, bcrypt users) mutated and dumped back to YAML.
+"""
+
+from __future__ import annotations
+
+import datetime
+import tempfile
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from hypothesis import given
+from hypothesis import strategies as st
+
+from exporter.errors import ConfigError
+from exporter.web.config import (
+    BCRYPT_HASH,
+    WebConfig,
+    load_web_config,
+    parse_web_config,
+)
+from tests.fuzz.mutations import garbage, mutated
+
+HASH = bcrypt.hashpw(b"wonderland", bcrypt.gensalt(rounds=4)).decode()
+BASE_DIR = Path("/etc/kvcap")
+VALID: dict[str, Any] = {
+    "tls_server_config": {
+        "cert_file": "server.pem",
+        "key_file": "server-key.pem",
+        "client_ca_file": "ca.pem",
+        "client_auth_type": "RequireAndVerifyClientCert",
+        "min_version": "TLS13",
+    },
+    "basic_auth_users": {"alice": HASH, "bob": HASH},
+}
+KEYS = (
+    "tls_server_config",
+    "basic_auth_users",
+    "cert_file",
+    "key_file",
+    "client_ca_file",
+    "client_auth_type",
+    "min_version",
+    "alice",
+)
+# What a field may be set to: the right kind of value, a near miss, or garbage.
+VALUES = st.one_of(
+    garbage,
+    st.sampled_from(
+        [
+            "NoClientCert",
+            "RequestClientCert",
+            "RequireAnyClientCert",
+            "VerifyClientCertIfGiven",
+            "TLS10",
+            "TLS14",
+            "tls13",
+            "server.pem",
+            "server-key.pem",
+            "ca.pem",
+            "missing.pem",
+            ".",
+            "..",
+            "/",
+            "",
+            HASH,
+            HASH[:-1],
+            HASH.replace("$2b$", "$2x$"),
+            "alice:secret",
+        ]
+    ),
+)
+# YAML's syntax characters, tags and scalars its resolvers treat specially.
+YAML_PIECES = st.sampled_from(
+    [
+        ":",
+        "- ",
+        "? ",
+        "{",
+        "}",
+        "[",
+        "]",
+        ",",
+        "&a ",
+        "*a",
+        "!!str ",
+        "!!int ",
+        "!!float ",
+        "!!binary ",
+        "!!timestamp ",
+        "!!set ",
+        "!!omap ",
+        "!!python/object:os.system ",
+        "%YAML 1.1\n---\n",
+        "---\n",
+        "...\n",
+        "|\n",
+        ">\n",
+        "#",
+        "'",
+        '"',
+        "\\",
+        "\t",
+        "\n",
+        "  ",
+        "~",
+        "null",
+        "yes",
+        "0x1F",
+        "0o17",
+        "1_000",
+        "1e400",
+        ".nan",
+        "2001-12-14",
+        "2001-12-14t21:59:43.10-05:00",
+        "<<",
+        "\ufeff",
+        "\x00",
+        "\x85",
+    ]
+)
+yaml_like = st.lists(YAML_PIECES | st.text(max_size=6), max_size=24).map("".join)
+
+
+def parse(text: str) -> WebConfig | None:
+    """The parsed config, or None when it was refused with a ConfigError."""
+    try:
+        return parse_web_config(text, base_dir=BASE_DIR)
+    except ConfigError as error:
+        refusal = str(error)
+    assert refusal.startswith("web config"), refusal  # it names where the problem is
+    return None
+
+
+def check_config(config: WebConfig) -> None:
+    """What a WebConfig promises the server: only checked values."""
+    for name, hashed in config.basic_auth_users.items():
+        assert isinstance(name, str)
+        assert name
+        assert ":" not in name
+        assert BCRYPT_HASH.fullmatch(hashed)
+    if config.tls is not None:
+        for path in config.tls.files:
+            assert isinstance(path, Path)
+            assert path.is_absolute()
+        assert config.tls.min_version in ("TLS10", "TLS11", "TLS12", "TLS13")
+        if config.tls.client_auth_type in (
+            "RequireAnyClientCert",
+            "VerifyClientCertIfGiven",
+            "RequireAndVerifyClientCert",
+        ):
+            assert config.tls.client_ca_file is not None
+
+
+def known_crash(error: BaseException) -> str | None:
+    """The xfail test pinning a crash the fuzzer already found, if this is one."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not isinstance(error, yaml.YAMLError) and any("/yaml/" in f.filename for f in frames):
+        return "test_yaml_errors_that_are_not_yaml_errors"
+    if isinstance(error, ValueError) and "null" in str(error):
+        return "test_a_nul_byte_in_a_file_path"
+    return None
+
+
+def parse_or_known(text: str) -> WebConfig | None:
+    try:
+        return parse(text)
+    except Exception as error:
+        if known_crash(error) is None:
+            raise
+        return None
+
+
+@given(text=st.text())
+def test_arbitrary_text(text: str) -> None:
+    config = parse_or_known(text)
+    if config is not None:
+        check_config(config)
+
+
+@given(text=yaml_like)
+def test_yaml_like_text(text: str) -> None:
+    config = parse_or_known(text)
+    if config is not None:
+        check_config(config)
+
+
+@given(document=mutated(VALID, keys=KEYS, values=VALUES), flow=st.booleans())
+def test_mutated_web_configs(document: Any, flow: bool) -> None:
+    text = yaml.safe_dump(document, default_flow_style=flow, allow_unicode=True)
+    config = parse_or_known(text)
+    if config is not None:
+        check_config(config)
+
+
+def test_the_valid_config_parses() -> None:
+    config = parse(yaml.safe_dump(VALID))
+    assert config is not None
+    check_config(config)
+    assert config.tls is not None
+    assert config.tls.client_ca_file == BASE_DIR / "ca.pem"
+    assert dict(config.basic_auth_users) == {"alice": HASH, "bob": HASH}
+
+
+# --- load_web_config: the file on disk, TLS files loaded --------------------------------
+
+
+def _write_tls_files(folder: Path) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kvcap fuzz")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    pem = certificate.public_bytes(serialization.Encoding.PEM)
+    (folder / "server.pem").write_bytes(pem)
+    (folder / "ca.pem").write_bytes(pem)
+    (folder / "server-key.pem").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def tls_folder() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="kvcap-fuzz-web-") as name:
+        folder = Path(name)
+        _write_tls_files(folder)
+        yield folder
+
+
+def load(folder: Path, content: bytes) -> WebConfig | None:
+    path = folder / "web.yml"
+    path.write_bytes(content)
+    try:
+        return load_web_config(path)
+    except ConfigError:
+        return None
+    except Exception as error:
+        if known_crash(error) is None:
+            raise
+        return None
+
+
+def test_the_valid_config_loads(tls_folder: Path) -> None:
+    config = load(tls_folder, yaml.safe_dump(VALID).encode())
+    assert config is not None
+    assert config.tls is not None
+
+
+@given(document=mutated(VALID, keys=KEYS, values=VALUES))
+def test_mutated_web_config_files_load_or_refuse(tls_folder: Path, document: Any) -> None:
+    """Every certificate, key and CA file really loaded, whichever fields were broken."""
+    content = yaml.safe_dump(document, allow_unicode=True).encode()
+    config = load(tls_folder, content)
+    if config is not None:
+        check_config(config)
+
+
+@given(content=st.binary(max_size=200))
+def test_arbitrary_bytes_in_the_file(tls_folder: Path, content: bytes) -> None:
+    config = load(tls_folder, content)
+    if config is not None:
+        check_config(config)
+
+
+# --- the bugs the fuzzer found, minimal inputs ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2019-02-30",  # PyYAML's timestamp resolver: ValueError, day is out of range
+        "a: 2019-13-01",
+        "1" * 5000,  # int() of more than 4300 digits: ValueError
+        "!!float x",  # an explicit tag the constructor cannot apply: ValueError
+        "!!int ",  # an empty scalar with an int or float tag: IndexError
+        "[" * 1000,  # PyYAML's recursive composer: RecursionError
+    ],
+    ids=["bad-date", "bad-month", "long-int", "float-tag", "empty-int-tag", "deep-nesting"],
+)
+@pytest.mark.xfail(
+    strict=True,
+    raises=(ValueError, IndexError, RecursionError),
+    reason="parse_web_config catches yaml.YAMLError only; yaml.safe_load also raises "
+    "ValueError, IndexError and RecursionError: a traceback at startup",
+)
+def test_yaml_errors_that_are_not_yaml_errors(text: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_web_config(text, base_dir=BASE_DIR)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=ValueError,
+    reason="a NUL byte in cert_file reaches ssl.load_verify_locations: ValueError, embedded "
+    "null byte, a traceback at startup",
+)
+def test_a_nul_byte_in_a_file_path(tls_folder: Path) -> None:
+    path = tls_folder / "nul.yml"
+    path.write_text('tls_server_config: {cert_file: "a\\0b", key_file: server-key.pem}\n')
+    with pytest.raises(ConfigError):
+        load_web_config(path)
