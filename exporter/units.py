@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from exporter.errors import ConfigError
@@ -30,6 +31,8 @@ def parse_size(text: str) -> int:
     binary = suffix in ("i", "iB") or (unit.isupper() and suffix != "B")
     scale = (_BINARY if binary else _DECIMAL)[unit.upper()]
     value = float(number) * scale
+    if not math.isfinite(value):
+        raise ConfigError(f"{text!r} is too large")
     if value != int(value):
         raise ConfigError(f"{text!r} is not a whole number of bytes")
     return int(value)

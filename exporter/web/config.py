@@ -107,6 +107,10 @@ def parse_web_config(text: str, *, base_dir: Path) -> WebConfig:
             where = f" at line {exc.problem_mark.line + 1}, column {exc.problem_mark.column + 1}"
         problem = exc.problem if isinstance(exc, yaml.MarkedYAMLError) else None
         raise ConfigError(f"web config: not valid YAML{where}: {problem or exc}") from exc
+    except (ValueError, IndexError, RecursionError) as exc:
+        # PyYAML's constructors raise these for malformed scalars (bad dates, empty int
+        # tags) and for very deep nesting; they are bad input all the same.
+        raise ConfigError(f"web config: not valid YAML: {type(exc).__name__}: {exc}") from exc
     if document is None:  # an empty file, as exporter-toolkit allows
         return WebConfig()
     fields = _mapping(document, "", _TOP_LEVEL_FIELDS)

@@ -233,9 +233,9 @@ def overlong(text: str, raises: type[BaseException], id: str) -> Any:
         overlong("--max-model-len " + "9" * 5000, ValueError, "max-model-len"),
         overlong("--max-num-batched-tokens " + "9" * 5000, ValueError, "max-num-batched-tokens"),
         overlong("--kv-cache-memory-bytes " + "9" * 5000, ValueError, "kv-cache-memory-bytes"),
-        # parse_size: float() of 400 digits is inf, and int(inf * 1024) is an OverflowError.
-        overlong("--max-model-len " + "9" * 400 + "K", OverflowError, "K"),
-        overlong("--kv-cache-memory-bytes " + "9" * 400 + "G", OverflowError, "G"),
+        # parse_size: float() of 400 digits is inf; refused as too large.
+        pytest.param("--max-model-len " + "9" * 400 + "K", id="K"),
+        pytest.param("--kv-cache-memory-bytes " + "9" * 400 + "G", id="G"),
     ],
 )
 def test_overlong_numbers(text: str) -> None:

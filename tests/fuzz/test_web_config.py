@@ -302,12 +302,6 @@ def test_arbitrary_bytes_in_the_file(tls_folder: Path, content: bytes) -> None:
     ],
     ids=["bad-date", "bad-month", "long-int", "float-tag", "empty-int-tag", "deep-nesting"],
 )
-@pytest.mark.xfail(
-    strict=True,
-    raises=(ValueError, IndexError, RecursionError),
-    reason="parse_web_config catches yaml.YAMLError only; yaml.safe_load also raises "
-    "ValueError, IndexError and RecursionError: a traceback at startup",
-)
 def test_yaml_errors_that_are_not_yaml_errors(text: str) -> None:
     with pytest.raises(ConfigError):
         parse_web_config(text, base_dir=BASE_DIR)
