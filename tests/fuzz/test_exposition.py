@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families as text_families
 from structlog.testing import capture_logs
 
-from exporter.errors import ConfigError
 from exporter.exposition import ExpositionCache
 from exporter.model_config import load_model_config
 from exporter.sources.parsing import (
@@ -107,7 +105,11 @@ LABEL_VALUES = st.sampled_from(
         "0x10",
         "1_000",
     ]
-) | st.text(alphabet=st.characters(exclude_characters='"\\\n'), max_size=8)
+) | st.text(
+    # The poller decodes bodies as strict UTF-8: no lone surrogates in a label value.
+    alphabet=st.characters(exclude_categories=["Cs"], exclude_characters='"\\\n'),
+    max_size=8,
+)
 LINE_PIECES = st.sampled_from(
     [
         "{",
@@ -285,29 +287,11 @@ def test_cache_config_info_of_arbitrary_labels(labels: dict[str, str], repeat: i
 # --- the poller's whole path: read_server, the store, the rendered /metrics -------------
 
 
-def known_crash(error: BaseException) -> str | None:
-    """The xfail test pinning a crash the fuzzer already found, if this is one."""
-    frames = traceback.extract_tb(error.__traceback__)
-    if (
-        isinstance(error, ValueError)
-        and "invalid literal for int()" in str(error)
-        and any(frame.name in ("_engine_order", "_local_rank") for frame in frames)
-    ):
-        return "test_an_engine_label_that_isdigit_but_not_int"
-    if isinstance(error, ConfigError) and any(frame.name == "_derive" for frame in frames):
-        return "test_a_max_model_len_of_zero_in_v1_models"
-    return None
-
-
 def read(documents: ServerDocuments, fixture: dict[str, Any], path: Path) -> ServerReading | None:
     args = parse_vllm_serve_args(fixture["vllm_args"])
     try:
         return read_server(documents, args, deriver_for(fixture, path))
     except MalformedExposition:
-        return None
-    except Exception as error:
-        if known_crash(error) is None:
-            raise
         return None
 
 
@@ -317,7 +301,13 @@ def serve_and_parse(reading: ServerReading) -> None:
     with capture_logs():  # one "engine added" line per engine and example is noise here
         store.publish("vllm_http", "http://vllm:8000", reading.reports)
     cache = ExpositionCache(store.snapshot, process_metrics=False)
-    text = cache.body().content.decode("utf-8")
+    try:
+        text = cache.body().content.decode("utf-8")
+    except UnicodeEncodeError as error:
+        # test_a_lone_surrogate_from_json_breaks_no_scrape: JSON's "\ud800" escapes.
+        if "surrogates not allowed" not in str(error):
+            raise
+        return
     for family in text_families(text):
         if family.name == "kvcap_kv_cache_capacity_tokens":
             assert all(sample.value == int(sample.value) for sample in family.samples)
@@ -361,7 +351,12 @@ def server_documents(draw: st.DrawFn) -> tuple[ServerDocuments, str]:
     return documents, name
 
 
-@settings(suppress_health_check=[HealthCheck.too_slow])
+# Expensive (a poll, a derivation and two renders: ~25 ms an example), so the long profile
+# runs it 2,000 times rather than 20,000; the default profile's budget is unchanged.
+@settings(
+    max_examples=min(settings().max_examples, 2_000),
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(inputs=server_documents())
 def test_a_mutated_server_gives_reports_the_exporter_serves(
     inputs: tuple[ServerDocuments, str],
@@ -421,3 +416,20 @@ def test_a_boolean_max_model_len_is_not_a_length() -> None:
     reported = reading.reports[0].reported
     assert reported is not None
     assert reported.max_model_len is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=UnicodeEncodeError,
+    reason='json.loads turns "\\ud800" into a lone surrogate; as model_name (the /v1/models '
+    "id) or vllm_version it cannot be encoded as UTF-8: /metrics, /engines and / answer "
+    "500 until the engine set changes",
+)
+def test_a_lone_surrogate_from_json_breaks_no_scrape() -> None:
+    models = json.loads('{"data": [{"id": "m\\ud800"}]}')
+    body = 'vllm:num_requests_running{engine="0"} 1\n'
+    reading = read_server(ServerDocuments(body, models), None, None)
+    store = StateStore()
+    with capture_logs():
+        store.publish("vllm_http", "http://vllm:8000", reading.reports)
+    assert ExpositionCache(store.snapshot, process_metrics=False).body().content
