@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from tests.conftest import FIXTURES
-from tests.tools import require_tool
+from tests.tools import require_file, require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "kvcap-exporter"
@@ -44,16 +44,6 @@ OBJECT_META_FIELDS = frozenset(
 )
 
 Manifest = dict[str, Any]
-
-
-def require_file(path: Path, how: str) -> Path:
-    """`require_tool` for a file: a failure under CI=true, else a skip."""
-    if not path.is_file():
-        message = f"{path.relative_to(ROOT)} is missing ({how})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
 
 
 def run(argv: Iterable[str | Path], **kwargs: Any) -> subprocess.CompletedProcess[str]:

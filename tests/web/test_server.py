@@ -14,6 +14,7 @@ import structlog
 import exporter.web
 from exporter.errors import ConfigError
 from exporter.web import Request, Response, WebServer
+from tests.tools import missing
 from tests.web.conftest import ALICE_HASH, ALICE_PASSWORD, StartServer, connect, fetch, get
 from tests.web.test_auth import basic
 
@@ -260,7 +261,7 @@ def test_bad_web_config_file_is_config_error(tmp_path: Path) -> None:
 )
 def test_other_listen_addresses(start_server: StartServer, address: str, url_prefix: str) -> None:
     if address.startswith("[") and not ipv6_loopback_works():
-        pytest.skip("no IPv6 loopback on this machine")
+        missing("no IPv6 loopback on this machine")
     server = start_server(listen_address=address)
     assert server.url.startswith(url_prefix)
     assert get(server.url).status == 200
