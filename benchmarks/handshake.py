@@ -23,19 +23,12 @@ from exporter.handshake_wire import ReadyExtras, decode_extras, decode_ready, en
 from exporter.logs import configure_logging
 from exporter.serve import Exporter
 from exporter.sources.handshake import HandshakeSettings, HandshakeSource, engine_report
+from tests.handshake_data import HANDSHAKE, ready_for_rank
 
-ROOT = Path(__file__).resolve().parent.parent
-READY = (
-    ROOT / "tests/fixtures/golden/handshake/qwen3-next-80b-a3b-dp2-tp2.engine0.msgpack"
-).read_bytes()
+RECORDING = "qwen3-next-80b-a3b-dp2-tp2.engine0.msgpack"
+READY = (HANDSHAKE / RECORDING).read_bytes()
 ENGINES = 64
 ROUNDS = 4  # round 0 adds the engines, later rounds restart each (a new instance id)
-
-
-def ready_for(rank: int, instance_id: str) -> bytes:
-    fields = msgspec.msgpack.decode(READY)
-    fields.update(data_parallel_rank=rank, instance_id=instance_id)
-    return msgspec.msgpack.encode(fields)
 
 
 def latency(tmp: Path) -> list[float]:
@@ -55,7 +48,9 @@ def latency(tmp: Path) -> list[float]:
             for rank in range(ENGINES):
                 needle = f'engine="{rank}",instance_id="r{round_}"'.encode()
                 started = time.perf_counter()
-                push.send_multipart(ready_message(ready_for(rank, f"r{round_}"), extras))
+                push.send_multipart(
+                    ready_message(ready_for_rank(rank, f"r{round_}", RECORDING), extras)
+                )
                 while True:
                     connection.request("GET", "/metrics")
                     if needle in connection.getresponse().read():

@@ -18,7 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import msgspec
 import zmq
 
 from benchmarks.common import Row, print_rows
@@ -26,21 +25,15 @@ from benchmarks.daemon import free_port, proc_figures, scrape, start_daemon
 from exporter.demo import simulated_deployment
 from exporter.demo.simulated_vllm import SimulatedEngine, SimulatedVllm
 from exporter.handshake_wire import ReadyExtras, bye_message, ready_message
+from tests.handshake_data import ready_for_rank
 from tests.nvml.build import build_fake_nvml
 from tests.nvml.fake import FakeNvml, FakeNvmlConfig, eight_h200s
 
 GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
 
 ROOT = Path(__file__).resolve().parent.parent
-READY = (ROOT / "tests/fixtures/golden/handshake/llama-3.1-8b-dp2-tp1.engine0.msgpack").read_bytes()
 ENGINES = 16
 HANDSHAKE_ENGINES = range(100, 108)  # indices of their own, beside the HTTP engines
-
-
-def ready_for(rank: int, instance_id: str) -> bytes:
-    fields = msgspec.msgpack.decode(READY)
-    fields.update(data_parallel_rank=rank, instance_id=instance_id)
-    return msgspec.msgpack.encode(fields)
 
 
 def metrics(port: int) -> str:
@@ -125,7 +118,9 @@ def churn(
     """One second of trouble: engine restarts and byes, a flapping API server, engines
     vanishing and returning, a lost GPU and moving GPU memory."""
     rank = HANDSHAKE_ENGINES[tick % len(HANDSHAKE_ENGINES)]
-    push.send_multipart(ready_message(ready_for(rank, str(tick)), ReadyExtras(model_name="soak")))
+    push.send_multipart(
+        ready_message(ready_for_rank(rank, str(tick)), ReadyExtras(model_name="soak"))
+    )
     if tick % 5 == 0:
         push.send_multipart(bye_message(rank, str(tick)))
     if tick % 7 == 0:  # the API server goes away for two polls, then comes back

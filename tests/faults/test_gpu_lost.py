@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from structlog.testing import capture_logs
 
-from exporter.handshake_wire import GroupExtra, ReadyExtras, ready_message
+from exporter.handshake_wire import ready_message
 from exporter.serve import Exporter
 from exporter.sources.handshake import HandshakeReceiver, HandshakeSettings
 from exporter.sources.nvml import NvmlSettings, NvmlSource
@@ -27,6 +27,7 @@ from tests.faults.harness import (
     running_exporter,
     scrape_until,
 )
+from tests.handshake_data import recorded_extras
 from tests.nvml.fake import GPU_IS_LOST, FakeNvml, eight_h200s
 
 pytest_plugins = ["tests.nvml.fixtures"]
@@ -41,20 +42,12 @@ def publish_engines(store: StateStore) -> None:
     deployment = json.loads((HANDSHAKE / f"{DEPLOYMENT}.json").read_text())
     receiver = HandshakeReceiver("ipc://gpu-lost", store, HandshakeSettings())
     for frame, engine in zip(deployment["frames"], deployment["engines"], strict=True):
-        extras = ReadyExtras(
-            groups=[
-                GroupExtra(
-                    spec_type=g["spec_type"],
-                    num_layers=g["num_layers"],
-                    block_size=g["block_size"],
-                    page_size_bytes=g["page_size_bytes"],
-                    max_memory_usage_bytes_per_request=g["max_memory_usage_bytes_per_request"],
-                )
-                for g in engine["groups"]
-            ],
+        extras = recorded_extras(
+            deployment,
+            engine,
             bytes_per_block_per_worker=[engine["bytes_per_block_per_worker"]] * 2,
             devices=["0", "1", "2", "3"],
-            model_name=deployment["served_model_name"],
+            pid=None,
         )
         receiver.handle(ready_message((HANDSHAKE / frame["file"]).read_bytes(), extras))
     assert receiver.accepted == 2

@@ -33,6 +33,7 @@ from exporter.sources.handshake import HandshakeReceiver, HandshakeSettings
 from exporter.state import StateStore
 from tests.conftest import GOLDEN
 from tests.fuzz.mutations import HOSTILE_NUMBERS, garbage, mutated, mutated_bytes
+from tests.handshake_data import recorded_extras
 
 HANDSHAKE = GOLDEN / "handshake"
 ENDPOINT = "ipc:///run/kvcap/handshake.sock"
@@ -44,22 +45,8 @@ def _real_messages() -> list[tuple[bytes, bytes]]:
     for path in sorted(HANDSHAKE.glob("*.json")):
         deployment = json.loads(path.read_text(encoding="utf-8"))
         for frame, engine in zip(deployment["frames"], deployment["engines"], strict=True):
-            extras = ReadyExtras(
-                groups=[
-                    GroupExtra(
-                        spec_type=g["spec_type"],
-                        num_layers=g["num_layers"],
-                        block_size=g["block_size"],
-                        page_size_bytes=g["page_size_bytes"],
-                        max_memory_usage_bytes_per_request=g["max_memory_usage_bytes_per_request"],
-                    )
-                    for g in engine["groups"]
-                ],
-                bytes_per_block_per_worker=[engine["bytes_per_block_per_worker"]]
-                * engine["world_size"],
-                devices=[str(i) for i in range(engine["world_size"])],
-                model_name=deployment["served_model_name"],
-                pid=1234,
+            extras = recorded_extras(
+                deployment, engine, devices=[str(i) for i in range(engine["world_size"])]
             )
             ready = (HANDSHAKE / frame["file"]).read_bytes()
             messages.append((ready, encode(extras)))

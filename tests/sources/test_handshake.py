@@ -9,15 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import zmq
 
 from exporter.handshake_wire import (
     BYE_TOPIC,
     READY_TOPIC,
-    GroupExtra,
-    ReadyExtras,
     bye_message,
     encode,
     ready_message,
@@ -25,6 +22,7 @@ from exporter.handshake_wire import (
 from exporter.sources.handshake import HandshakeReceiver, HandshakeSettings, HandshakeSource
 from exporter.state import StateStore
 from tests.conftest import GOLDEN
+from tests.handshake_data import ready_for_rank, recorded_extras
 
 HANDSHAKE = GOLDEN / "handshake"
 DEPLOYMENTS = sorted(HANDSHAKE.glob("*.json"))
@@ -33,24 +31,6 @@ DEPLOYMENTS = sorted(HANDSHAKE.glob("*.json"))
 def load(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(path.read_text())
     return data
-
-
-def extras_for(deployment: dict[str, Any], engine: dict[str, Any]) -> ReadyExtras:
-    return ReadyExtras(
-        groups=[
-            GroupExtra(
-                spec_type=g["spec_type"],
-                num_layers=g["num_layers"],
-                block_size=g["block_size"],
-                page_size_bytes=g["page_size_bytes"],
-                max_memory_usage_bytes_per_request=g["max_memory_usage_bytes_per_request"],
-            )
-            for g in engine["groups"]
-        ],
-        bytes_per_block_per_worker=[engine["bytes_per_block_per_worker"]] * engine["world_size"],
-        model_name=deployment["served_model_name"],
-        pid=1234,
-    )
 
 
 class Listener:
@@ -96,7 +76,7 @@ def test_vllm_ready_bytes_become_engines(listener: Listener, path: Path) -> None
     deployment = load(path)
     for frame, engine in zip(deployment["frames"], deployment["engines"], strict=True):
         ready = (HANDSHAKE / frame["file"]).read_bytes()
-        listener.send(ready_message(ready, extras_for(deployment, engine)))
+        listener.send(ready_message(ready, recorded_extras(deployment, engine)))
     listener.wait_for(lambda s: len(s.engines) == len(deployment["engines"]))
     views = {v.engine: v for v in listener.store.snapshot().engines}
     for engine in deployment["engines"]:
@@ -121,23 +101,14 @@ def test_vllm_ready_bytes_become_engines(listener: Listener, path: Path) -> None
         )
 
 
-def _ready_for_rank(rank: int, instance_id: str = "1") -> bytes:
-    """vLLM's bytes for another DP rank: decoded and re-encoded like vLLM's dataclass."""
-    fields = msgspec.msgpack.decode(
-        (HANDSHAKE / "llama-3.1-8b-dp2-tp1.engine0.msgpack").read_bytes()
-    )
-    fields.update(data_parallel_rank=rank, instance_id=instance_id)
-    return msgspec.msgpack.encode(fields)
-
-
 def test_data_parallel_4_in_any_order_then_restart_and_bye(listener: Listener) -> None:
     ranks = [3, 0, 2, 1]
     random.Random(7).shuffle(ranks)
     for rank in ranks:
-        listener.send(ready_message(_ready_for_rank(rank)))
+        listener.send(ready_message(ready_for_rank(rank)))
     listener.wait_for(lambda s: [v.engine for v in s.engines] == ["0", "1", "2", "3"])
 
-    listener.send(ready_message(_ready_for_rank(2, instance_id="2")))
+    listener.send(ready_message(ready_for_rank(2, instance_id="2")))
     listener.wait_for(lambda s: s.engines[2].instance_id == "2")
     assert [v.instance_id for v in listener.store.snapshot().engines] == ["1", "1", "2", "1"]
 
@@ -152,7 +123,7 @@ def test_state_is_updated_within_50_ms_of_receipt(listener: Listener) -> None:
     delays = []
     for rank in range(20):
         sent = time.monotonic()
-        listener.send(ready_message(_ready_for_rank(rank)))
+        listener.send(ready_message(ready_for_rank(rank)))
         listener.wait_for(lambda s, r=rank: len(s.engines) == r + 1)
         delays.append(time.monotonic() - sent)
     assert max(delays) < 0.05
@@ -174,7 +145,7 @@ def test_state_is_updated_within_50_ms_of_receipt(listener: Listener) -> None:
 def test_bad_frames_are_counted_and_change_nothing(
     listener: Listener, frames: list[bytes], reason: str
 ) -> None:
-    listener.send(ready_message(_ready_for_rank(0)))
+    listener.send(ready_message(ready_for_rank(0)))
     listener.wait_for(lambda s: len(s.engines) == 1)
     listener.send(frames)
     listener.wait_for(lambda s: s.errors.get(("handshake", reason)) == 1)
@@ -186,7 +157,7 @@ def test_bad_frames_are_counted_and_change_nothing(
 def test_message_floods_are_dropped_and_counted(tmp_path: Path) -> None:
     with Listener(tmp_path, max_messages_per_s=10.0) as listener:
         for rank in range(50):
-            listener.send(ready_message(_ready_for_rank(rank)))
+            listener.send(ready_message(ready_for_rank(rank)))
         listener.wait_for(
             lambda s: len(s.engines) + s.errors.get(("handshake", "rate_limited"), 0) == 50
         )
@@ -197,7 +168,7 @@ def _mutations(seed: int, count: int) -> Iterator[list[bytes]]:
     """Random and mutated frames: wrong counts, truncated and bit-flipped msgpack, wrong
     types, msgpack headers that claim huge lengths, and now and then a valid message."""
     rng = random.Random(seed)
-    valid = _ready_for_rank(0)
+    valid = ready_for_rank(0)
     huge = [
         b"\xdb\xff\xff\xff\xf0",
         b"\xdd\xff\xff\xff\xff",
@@ -230,7 +201,7 @@ def _mutations(seed: int, count: int) -> Iterator[list[bytes]]:
         elif kind == 6:
             frames = [READY_TOPIC, valid, rng.randbytes(rng.randrange(1, 32))]
         else:
-            frames = ready_message(_ready_for_rank(rng.randrange(4), str(rng.randrange(3))))
+            frames = ready_message(ready_for_rank(rng.randrange(4), str(rng.randrange(3))))
         yield frames
 
 
