@@ -29,6 +29,7 @@ from exporter.sources.parsing import (
     to_engine_settings,
 )
 from exporter.state import EngineReport, KvUsage, ReportedCapacity
+from exporter.state.records import engine_number, engine_sort_key
 
 # Derivations are cached by their inputs: they change only when an engine restarts.
 Deriver = Callable[[EngineSettings, int], CapacityResult]
@@ -73,7 +74,7 @@ def read_server(
     running = _by_engine(samples["vllm:num_requests_running"])
     waiting = _by_engine(samples["vllm:num_requests_waiting"])
     names = _model_names(samples)
-    engines = sorted(set(infos) | set(usage) | set(running), key=_engine_order)
+    engines = sorted(set(infos) | set(usage) | set(running), key=engine_sort_key)
     model = served_model(documents.models)
     version = (documents.version or {}).get("version")
     max_model_len = (
@@ -121,19 +122,16 @@ def _world_size(args: VllmServeArgs | None) -> int | None:
 def _local_rank(engine: str, args: VllmServeArgs | None) -> int | None:
     """The engine's place among its node's engines: its global rank minus the node's
     first rank (`--data-parallel-start-rank`)."""
-    if not (engine.isascii() and engine.isdigit()):
+    number = engine_number(engine)
+    if number is None:
         return None
     start = args.data_parallel_start_rank if args else None
-    return int(engine) - (start or 0)
+    return number - (start or 0)
 
 
 def _engine(label: str) -> str:
     # vLLM's old V0 engine wrote no engine label: it had exactly one engine, index 0.
     return label or "0"
-
-
-def _engine_order(engine: str) -> tuple[int, str]:
-    return (int(engine), "") if engine.isascii() and engine.isdigit() else (1 << 30, engine)
 
 
 def _by_engine(samples: list[Sample]) -> dict[str, float]:

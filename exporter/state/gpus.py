@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from exporter.state.records import GpuReport
+from exporter.state.records import GpuReport, engine_number
 from exporter.state.snapshot import EngineGpu, EngineView
 
 
@@ -28,7 +28,7 @@ def map_engine_gpus(
         workers = view.world_size or len(view.kv_cache_bytes_per_worker)
         if not workers:
             continue
-        local = view.local_rank if view.local_rank is not None else _index(view.engine)
+        local = view.local_rank if view.local_rank is not None else engine_number(view.engine)
         if local is None:
             continue
         for worker in range(workers):
@@ -89,7 +89,3 @@ def _extra_blocks(
             return None
         blocks.append(free[entry.gpu] // bytes_per_block)
     return min(blocks)
-
-
-def _index(engine: str) -> int | None:
-    return int(engine) if engine.isascii() and engine.isdigit() else None

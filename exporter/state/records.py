@@ -7,6 +7,18 @@ from dataclasses import dataclass
 from exporter.capacity import CapacityResult, GroupCapacity
 
 
+def engine_number(engine: str) -> int | None:
+    """vLLM's engine index (the global DP rank) as a number; None for a label that is not
+    one (ASCII digits only: `int()` refuses other Unicode digits)."""
+    return int(engine) if engine.isascii() and engine.isdigit() else None
+
+
+def engine_sort_key(engine: str) -> tuple[int, int, str]:
+    """Engines in numeric order, any odd labels after them."""
+    number = engine_number(engine)
+    return (0, number, "") if number is not None else (1, 0, engine)
+
+
 @dataclass(frozen=True, slots=True)
 class ReportedCapacity:
     """Capacity numbers vLLM itself reported for one engine (any may be unknown)."""

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from exporter.capacity import GroupCapacity
-from exporter.state.records import EngineReport, GpuReport
+from exporter.state.records import EngineReport, GpuReport, engine_sort_key
 
 # When two sources describe one engine, the more exact one wins: the handshake carries
 # vLLM's own numbers per engine; the HTTP source reads them from labels.
@@ -200,16 +200,4 @@ def build_engine_views(entries: Sequence[SourceReports]) -> tuple[EngineView, ..
         for report in entry.reports:
             by_engine.setdefault(report.engine, []).append((entry, report))
     views = [merge_engine(found) for found in by_engine.values()]
-    return tuple(
-        sorted(
-            views,
-            key=lambda v: (
-                not (v.engine.isascii() and v.engine.isdigit()),
-                _engine_order(v.engine),
-            ),
-        )
-    )
-
-
-def _engine_order(engine: str) -> tuple[int, str]:
-    return (int(engine), "") if engine.isascii() and engine.isdigit() else (0, engine)
+    return tuple(sorted(views, key=lambda v: engine_sort_key(v.engine)))
