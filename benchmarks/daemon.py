@@ -14,6 +14,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from benchmarks.common import Row, print_rows
@@ -89,38 +91,40 @@ def startup_seconds() -> float:
         process.wait(5)
 
 
-def idle_and_busy() -> tuple[tuple[float, float], tuple[float, float, int, int]]:
+@contextmanager
+def daemon_watching(engines: int) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A serving daemon process polling a simulated `engines`-engine vLLM every second;
+    yields the process and its port, and stops both afterwards."""
     with tempfile.TemporaryDirectory() as directory:
-        simulation = simulated_deployment(Path(directory) / "gemma", data_parallel_size=ENGINES)
+        simulation = simulated_deployment(Path(directory) / "gemma", data_parallel_size=engines)
         url = simulation.start()
         port = free_port()
         process = start_daemon(
-            port,
-            "--vllm.url",
-            url,
-            "--vllm.poll-interval",
-            "1",
-            "--vllm.args",
-            simulation.vllm_args,
-        )
+            port, "--vllm.url", url, "--vllm.poll-interval", "1",
+            "--vllm.args", simulation.vllm_args,
+        )  # fmt: skip
         try:
             while not scrape(port):
                 time.sleep(0.05)
-            time.sleep(2)
-            idle_rss, cpu_before, _ = proc_figures(process.pid)
-            began = time.monotonic()
-            scrapes = failures = 0
-            while time.monotonic() - began < BUSY_SECONDS:
-                scrapes += 1
-                failures += not scrape(port)
-                time.sleep(0.1)
-            busy_rss, cpu_after, threads = proc_figures(process.pid)
-            cpu_share = (cpu_after - cpu_before) / (time.monotonic() - began)
-            return (idle_rss, cpu_share), (busy_rss, cpu_share, threads, failures)
+            yield process, port
         finally:
             process.terminate()
             process.wait(5)
             simulation.stop()
+
+
+def idle_and_busy() -> tuple[tuple[float, float], tuple[float, float, int, int]]:
+    with daemon_watching(ENGINES) as (process, port):
+        time.sleep(2)
+        idle_rss, cpu_before, _ = proc_figures(process.pid)
+        began = time.monotonic()
+        failures = 0
+        while time.monotonic() - began < BUSY_SECONDS:
+            failures += not scrape(port)
+            time.sleep(0.1)
+        busy_rss, cpu_after, threads = proc_figures(process.pid)
+        cpu_share = (cpu_after - cpu_before) / (time.monotonic() - began)
+        return (idle_rss, cpu_share), (busy_rss, cpu_share, threads, failures)
 
 
 def rows() -> list[Row]:

@@ -10,72 +10,42 @@ from __future__ import annotations
 
 import http.client
 import os
-import tempfile
-import threading
 import time
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 
 from benchmarks.common import Row, median, p99, print_rows
-from benchmarks.daemon import free_port, scrape, start_daemon
-from exporter.demo import simulated_deployment
+from benchmarks.daemon import daemon_watching
 
 ENGINES = 64
 
 
-def run(seconds: float, clients: int) -> tuple[list[float], int]:
-    with tempfile.TemporaryDirectory() as directory:
-        simulation = simulated_deployment(Path(directory) / "gemma", data_parallel_size=ENGINES)
-        url = simulation.start()
-        port = free_port()
-        daemon = start_daemon(
-            port,
-            "--vllm.url",
-            url,
-            "--vllm.poll-interval",
-            "1",
-            "--vllm.args",
-            simulation.vllm_args,
-        )
-        latencies: list[float] = []
-        errors = [0]
-        lock = threading.Lock()
+def scraper(port: int, deadline: float) -> tuple[list[float], int]:
+    """One client on one keep-alive connection until `deadline`: (latencies, failures)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    latencies: list[float] = []
+    failed = 0
+    while time.monotonic() < deadline:
+        began = time.perf_counter()
         try:
-            while not scrape(port):
-                time.sleep(0.05)
-            deadline = time.monotonic() + seconds
+            connection.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
+            response = connection.getresponse()
+            response.read()
+            failed += response.status != 200
+        except (OSError, http.client.HTTPException):
+            failed += 1
+            connection.close()
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        latencies.append(time.perf_counter() - began)
+    connection.close()
+    return latencies, failed
 
-            def client() -> None:
-                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-                mine: list[float] = []
-                failed = 0
-                while time.monotonic() < deadline:
-                    began = time.perf_counter()
-                    try:
-                        connection.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
-                        response = connection.getresponse()
-                        response.read()
-                        if response.status != 200:
-                            failed += 1
-                    except (OSError, http.client.HTTPException):
-                        failed += 1
-                        connection.close()
-                        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-                    mine.append(time.perf_counter() - began)
-                connection.close()
-                with lock:
-                    latencies.extend(mine)
-                    errors[0] += failed
 
-            threads = [threading.Thread(target=client) for _ in range(clients)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-        finally:
-            daemon.terminate()
-            daemon.wait(5)
-            simulation.stop()
-    return latencies, errors[0]
+def run(seconds: float, clients: int) -> tuple[list[float], int]:
+    with daemon_watching(ENGINES) as (_, port), ThreadPoolExecutor(clients) as pool:
+        deadline = time.monotonic() + seconds
+        results = list(pool.map(lambda _: scraper(port, deadline), range(clients)))
+    latencies = [value for found, _ in results for value in found]
+    return latencies, sum(failed for _, failed in results)
 
 
 def rows() -> list[Row]:
