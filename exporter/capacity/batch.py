@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from exporter.capacity.derive import CapacityResult, derive_capacity
@@ -104,11 +104,6 @@ def run_case(record: Any) -> dict[str, Any]:
         # Inputs kvcap did not anticipate: still one error line, never a crashed batch.
         return {"id": case_id, "error": error_to_json(error)}
     return {"id": case_id, "result": result_to_json(result)}
-
-
-def run_cases(records: Iterable[Any]) -> Iterator[dict[str, Any]]:
-    for record in records:
-        yield run_case(record)
 
 
 def _optional_int(settings: Mapping[str, Any], key: str) -> int | None:
