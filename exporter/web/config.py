@@ -107,9 +107,10 @@ def parse_web_config(text: str, *, base_dir: Path) -> WebConfig:
             where = f" at line {exc.problem_mark.line + 1}, column {exc.problem_mark.column + 1}"
         problem = exc.problem if isinstance(exc, yaml.MarkedYAMLError) else None
         raise ConfigError(f"web config: not valid YAML{where}: {problem or exc}") from exc
-    except (ValueError, IndexError, RecursionError) as exc:
-        # PyYAML's constructors raise these for malformed scalars (bad dates, empty int
-        # tags) and for very deep nesting; they are bad input all the same.
+    except Exception as exc:
+        # PyYAML's constructors raise plain Python errors for malformed tagged scalars
+        # (ValueError for a bad date, AttributeError for an empty !!timestamp, KeyError for
+        # an empty !!bool) and RecursionError for deep nesting: bad input all the same.
         raise ConfigError(f"web config: not valid YAML: {type(exc).__name__}: {exc}") from exc
     if document is None:  # an empty file, as exporter-toolkit allows
         return WebConfig()
@@ -220,6 +221,8 @@ def _path(fields: dict[str, Any], name: str, base_dir: Path) -> Path | None:
         return None
     if not isinstance(value, str):
         _fail(f"tls_server_config.{name}", f"must be a file path, got {value!r}")
+    if "\0" in value:  # no file has one; ssl and open() would raise ValueError
+        _fail(f"tls_server_config.{name}", "must be a file path, got a NUL byte in it")
     # exporter-toolkit reads relative paths from the config file's folder, not the cwd.
     return base_dir / value
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import tempfile
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -166,35 +165,16 @@ def check_config(config: WebConfig) -> None:
             assert config.tls.client_ca_file is not None
 
 
-def known_crash(error: BaseException) -> str | None:
-    """The xfail test pinning a crash the fuzzer already found, if this is one."""
-    frames = traceback.extract_tb(error.__traceback__)
-    if not isinstance(error, yaml.YAMLError) and any("/yaml/" in f.filename for f in frames):
-        return "test_yaml_errors_the_first_fix_missed"
-    if isinstance(error, ValueError) and "null byte" in str(error):
-        return "test_a_nul_byte_in_a_file_path"
-    return None
-
-
-def parse_or_known(text: str) -> WebConfig | None:
-    try:
-        return parse(text)
-    except Exception as error:
-        if known_crash(error) is None:
-            raise
-        return None
-
-
 @given(text=st.text())
 def test_arbitrary_text(text: str) -> None:
-    config = parse_or_known(text)
+    config = parse(text)
     if config is not None:
         check_config(config)
 
 
 @given(text=yaml_like)
 def test_yaml_like_text(text: str) -> None:
-    config = parse_or_known(text)
+    config = parse(text)
     if config is not None:
         check_config(config)
 
@@ -202,7 +182,7 @@ def test_yaml_like_text(text: str) -> None:
 @given(document=mutated(VALID, keys=KEYS, values=VALUES), flow=st.booleans())
 def test_mutated_web_configs(document: Any, flow: bool) -> None:
     text = yaml.safe_dump(document, default_flow_style=flow, allow_unicode=True)
-    config = parse_or_known(text)
+    config = parse(text)
     if config is not None:
         check_config(config)
 
@@ -261,10 +241,6 @@ def load(folder: Path, content: bytes) -> WebConfig | None:
         return load_web_config(path)
     except ConfigError:
         return None
-    except Exception as error:
-        if known_crash(error) is None:
-            raise
-        return None
 
 
 def test_the_valid_config_loads(tls_folder: Path) -> None:
@@ -310,24 +286,11 @@ def test_yaml_errors_that_are_not_yaml_errors(text: str) -> None:
 
 
 @pytest.mark.parametrize("text", ["!!timestamp ", "!!bool ", "a: !!timestamp "])
-@pytest.mark.xfail(
-    strict=True,
-    raises=(AttributeError, KeyError),
-    reason="parse_web_config now also catches ValueError, IndexError and RecursionError, but "
-    "PyYAML's constructors raise AttributeError for an empty !!timestamp and KeyError for an "
-    "empty !!bool: catch every Exception of yaml.safe_load",
-)
 def test_yaml_errors_the_first_fix_missed(text: str) -> None:
     with pytest.raises(ConfigError):
         parse_web_config(text, base_dir=BASE_DIR)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="a NUL byte in cert_file reaches ssl.load_verify_locations: ValueError, embedded "
-    "null byte, a traceback at startup",
-)
 def test_a_nul_byte_in_a_file_path(tls_folder: Path) -> None:
     path = tls_folder / "nul.yml"
     path.write_text('tls_server_config: {cert_file: "a\\0b", key_file: server-key.pem}\n')
