@@ -10,6 +10,9 @@ from exporter.errors import ConfigError
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT])?(i?B|i)?\s*$")
+# No byte size or token count has more digits than this (2**64 has 20); a longer number is
+# refused before int() (which refuses over 4,300 digits with a ValueError of its own).
+_MAX_DIGITS = 20
 
 
 def parse_size(text: str) -> int:
@@ -22,6 +25,8 @@ def parse_size(text: str) -> int:
     if not match:
         raise ConfigError(f"not a size: {text!r} (examples: 42949672960, 40GiB, 40G)")
     number, unit, suffix = match.groups()
+    if len(number) > _MAX_DIGITS:
+        raise ConfigError(f"{text[:40]!r}... is too large")
     if unit is None:
         if suffix not in (None, "B"):
             raise ConfigError(f"not a size: {text!r}")
@@ -42,6 +47,8 @@ def parse_count(text: str) -> int:
     """A token or block count: `32768`, `32k` (32000), `32K` (32768) or `-1`."""
     stripped = text.strip()
     if re.fullmatch(r"-?\d+", stripped):
+        if len(stripped.lstrip("-")) > _MAX_DIGITS:
+            raise ConfigError(f"{stripped[:40]!r}... is too large")
         return int(stripped)
     if stripped.endswith(("B", "i", "iB")):
         raise ConfigError(f"not a count: {text!r}")
