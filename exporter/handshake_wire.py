@@ -12,12 +12,17 @@ missing. The extras frame (optional) carries what the ready response lacks.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 READY_TOPIC = b"kvcap.ready.v1"
 BYE_TOPIC = b"kvcap.bye.v1"
+# Bounds that no deployment reaches but that keep a hostile frame from making kvcap loop
+# over a worker or rank count (the GPU mapping walks every worker of an engine).
+MAX_PARALLEL = 2**16
+ParallelSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_PARALLEL)]
+Rank = Annotated[int, msgspec.Meta(ge=0, lt=MAX_PARALLEL)]
 ENDPOINT_ENV = "KVCAP_HANDSHAKE_ENDPOINT"
 
 
@@ -26,15 +31,15 @@ class ReadyResponse(msgspec.Struct, frozen=True):
 
     max_model_len: int
     num_gpu_blocks: int
-    data_parallel_rank: int
+    data_parallel_rank: Rank
     block_size: int | None = None
     dtype: str | None = None
     vllm_version: str | None = None
-    world_size: int | None = None
-    data_parallel_size: int | None = None
-    tensor_parallel_size: int | None = None
-    pipeline_parallel_size: int | None = None
-    decode_context_parallel_size: int | None = None
+    world_size: ParallelSize | None = None
+    data_parallel_size: ParallelSize | None = None
+    tensor_parallel_size: ParallelSize | None = None
+    pipeline_parallel_size: ParallelSize | None = None
+    decode_context_parallel_size: ParallelSize | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     instance_id: str | None = None

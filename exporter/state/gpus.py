@@ -31,7 +31,10 @@ def map_engine_gpus(
         local = view.local_rank if view.local_rank is not None else engine_number(view.engine)
         if local is None:
             continue
-        for worker in range(workers):
+        # Only workers that can land on a known GPU are walked: a bogus worker count from
+        # some source must not turn this into a long loop under the store's lock.
+        known = len(view.devices) if view.devices else max(by_logical, default=-1) + 1
+        for worker in range(max(0, min(workers, known - local * workers))):
             logical = local * workers + worker
             gpu: GpuReport | None
             if view.devices:

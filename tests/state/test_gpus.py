@@ -65,6 +65,20 @@ def test_known_devices_name_the_gpus_by_uuid() -> None:
     assert [(e.worker, e.gpu) for e in store.snapshot().engine_gpus] == [(0, "1"), (1, "0")]
 
 
+def test_a_huge_worker_count_walks_only_the_known_gpus() -> None:
+    # A source that let 2**40 workers through must not loop 2**40 times under the lock.
+    store = StateStore()
+    engine = replace(reports()[0], world_size=2**40, local_rank=0)
+    store.publish("vllm_http", "http://a", [engine])
+    store.publish_gpus("nvml", "local", [gpu(i) for i in range(4)])
+    assert [(e.worker, e.gpu) for e in store.snapshot().engine_gpus] == [
+        (0, "0"),
+        (1, "1"),
+        (2, "2"),
+        (3, "3"),
+    ]
+
+
 def test_headroom_uses_the_most_constrained_gpu() -> None:
     # Engine 0's GPUs have 10 and 2 GiB free; a block is 655,360 B per worker.
     snapshot = gemma_store([gpu(0, 10), gpu(1, 2), gpu(2, 50), gpu(3, 50)]).snapshot()
