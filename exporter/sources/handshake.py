@@ -249,12 +249,14 @@ def _prepare_ipc_directory(endpoint: str) -> None:
     """An ipc:// path's directory is created private (0700) when it does not exist."""
     if not endpoint.startswith("ipc://"):
         return
-    directory = Path(endpoint.removeprefix("ipc://")).parent
-    if not directory.exists():
-        directory.mkdir(mode=0o700, parents=True)
     path = Path(endpoint.removeprefix("ipc://"))
-    if path.is_socket():
-        os.unlink(path)  # a stale socket file from a previous run
+    try:
+        if not path.parent.exists():
+            path.parent.mkdir(mode=0o700, parents=True)
+        if path.is_socket():
+            os.unlink(path)  # a stale socket file from a previous run
+    except OSError as error:  # read-only, not ours, or a file where a directory should be
+        raise ConfigError(f"--handshake.listen {endpoint}: {error}") from None
 
 
 def _add_arguments(group: argparse._ArgumentGroup) -> None:

@@ -209,13 +209,6 @@ def test_serve_with_a_read_only_socket_directory_exits_with_one_line(
 
 
 @pytest.mark.parametrize("where", ["under-read-only", "under-a-file"])
-@pytest.mark.xfail(
-    strict=True,
-    raises=OSError,
-    reason="HandshakeSource.start -> _prepare_ipc_directory: mkdir of a missing socket "
-    "directory raises PermissionError / FileExistsError, not ConfigError: `serve` dies with "
-    "a traceback",
-)
 def test_a_socket_directory_that_cannot_be_created_is_a_config_error(
     where: str, read_only_directory: Path, tmp_path: Path
 ) -> None:
