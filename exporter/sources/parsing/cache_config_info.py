@@ -9,6 +9,7 @@ is the sum over the engines one API server manages, while `kv_cache_size_tokens`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -84,22 +85,22 @@ class _Labels:
         return None if value in (None, "", "None") else value
 
     def integer(self, key: str) -> int | None:
+        """Every integer field of CacheConfig is a count or a size: never negative."""
         value = self.text(key)
         if value is None:
             return None
-        try:
-            return int(value)
-        except ValueError:
-            pass
+        if value.isdigit() and value.isascii() and len(value) <= 20:
+            return int(value)  # exact, where a float would round above 2**53
         # Tolerate `16.0`, should a release ever write an int field through a float.
-        number = self._float(key, value, "an integer")
-        if not number.is_integer():
-            raise self._error(key, value, "an integer")
+        number = self._number(key, value, "a whole number")
+        if not number.is_integer() or number >= 2**63:  # vLLM's own ints are int64 at most
+            raise self._error(key, value, "a whole number")
         return int(number)
 
     def real(self, key: str) -> float | None:
+        """A ratio or a fraction (concurrency, memory utilisation): never negative."""
         value = self.text(key)
-        return None if value is None else self._float(key, value, "a number")
+        return None if value is None else self._number(key, value, "a number")
 
     def boolean(self, key: str) -> bool | None:
         value = self.text(key)
@@ -109,11 +110,15 @@ class _Labels:
             raise self._error(key, value, '"True" or "False"')
         return value == "True"
 
-    def _float(self, key: str, value: str, expected: str) -> float:
+    def _number(self, key: str, value: str, expected: str) -> float:
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
             raise self._error(key, value, expected) from None
+        # NaN, infinities and negative values are not what vLLM writes: no figure from them.
+        if not math.isfinite(number) or number < 0:
+            raise self._error(key, value, f"{expected} >= 0")
+        return number
 
     def _error(self, key: str, value: str, expected: str) -> MalformedExposition:
         return MalformedExposition(

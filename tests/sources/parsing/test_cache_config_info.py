@@ -90,6 +90,11 @@ def test_integral_float_text_is_an_integer() -> None:
     assert record.kv_cache_size_tokens == 597576
 
 
+def test_large_integers_are_exact() -> None:
+    (record,) = parse_cache_config_info([info(engine="0", kv_cache_memory_bytes=str(2**53 + 1))])
+    assert record.kv_cache_memory_bytes == 2**53 + 1
+
+
 @pytest.mark.parametrize(
     ("label", "value"),
     [
@@ -103,6 +108,13 @@ def test_integral_float_text_is_an_integer() -> None:
         ("user_specified_block_size", "1"),
         ("sliding_window", "[4096, None]"),
         ("kv_cache_memory_bytes", "8GiB"),
+        ("num_gpu_blocks", "-1"),
+        ("kv_cache_size_tokens", "-597576.0"),
+        ("kv_cache_max_concurrency", "nan"),
+        ("kv_cache_max_concurrency", "-2.5"),
+        ("gpu_memory_utilization", "inf"),
+        ("num_gpu_blocks", "9" * 5000),
+        ("num_gpu_blocks", "9" * 25),
     ],
 )
 def test_a_value_vllm_would_not_write_names_the_label(label: str, value: str) -> None:
