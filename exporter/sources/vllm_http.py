@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import threading
 import time
 from collections.abc import Mapping
@@ -16,7 +15,12 @@ from typing import Any
 import structlog
 
 from exporter.errors import ConfigError, KvcapError
-from exporter.model_config import load_model_config
+from exporter.model_config import (
+    FileVersion,
+    file_version,
+    load_model_config,
+    model_config_file,
+)
 from exporter.sources.http_fetch import Fetcher, FetchError, fetch
 from exporter.sources.parsing import MalformedExposition, VllmServeArgs, parse_vllm_serve_args
 from exporter.sources.registry import SourceSpec, register_source
@@ -26,6 +30,7 @@ from exporter.sources.vllm_http_reports import (
     cached_deriver,
     read_server,
     served_model,
+    unreadable_config_deriver,
 )
 from exporter.state import StateSink
 from exporter.units import parse_size
@@ -33,7 +38,6 @@ from exporter.units import parse_size
 log = structlog.get_logger("kvcap.vllm_http")
 
 NAME = "vllm_http"
-MAX_BACKOFF_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +78,23 @@ class VllmHttpSource:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
+@dataclass(frozen=True, slots=True)
+class ModelConfigRead:
+    """One read of a model's config.json (`path`: it, or its model directory), kept until
+    the file's version changes."""
+
+    path: Path
+    version: FileVersion | None
+    derive: Deriver
+
+
 class ServerPoller:
-    """Polls one API server; backs off exponentially, with jitter, while it is down."""
+    """Polls one API server every poll interval, whether the last poll failed or not.
+
+    No backoff: a sidecar polls one engine on its own pod, a refused connection costs
+    nothing, and Prometheus scrapes failing targets at their normal interval too; a backoff
+    would only delay seeing a restarted vLLM.
+    """
 
     def __init__(
         self,
@@ -90,22 +109,15 @@ class ServerPoller:
         self.fetcher = fetcher
         self.sink = sink
         self.stop = stop
-        self.failures = 0
         self.last_success = time.monotonic()
-        self._derivers: dict[str, Deriver] = {}
-        self._warned: set[str] = set()
+        self._model_config: ModelConfigRead | None = None
+        self._warned: set[str] = set()  # messages already logged: once per distinct problem
 
     def run(self) -> None:
         while not self.stop.is_set():
             self.poll_once()
-            if self.stop.wait(self.next_delay_s()):
+            if self.stop.wait(self.settings.poll_interval_s):
                 return
-
-    def next_delay_s(self) -> float:
-        if self.failures == 0:
-            return self.settings.poll_interval_s
-        backoff = min(MAX_BACKOFF_S, self.settings.poll_interval_s * 2.0 ** (self.failures - 1))
-        return backoff * random.uniform(0.5, 1.0)  # jitter spreads the retries of many sidecars
 
     def poll_once(self) -> None:
         began = time.monotonic()
@@ -123,15 +135,11 @@ class ServerPoller:
             self._failed("internal_error", f"{type(error).__name__}: {error}", began)
             return
         for reason, message in reading.warnings:
-            if message not in self._warned:  # once per distinct problem, not per poll
-                self._warned.add(message)
-                log.warning("cannot derive capacity", target=self.url, reason=reason, error=message)
-        self.failures = 0
+            self._warn_once("cannot derive capacity", message, reason=reason)
         self.last_success = time.monotonic()
         self.sink.publish(NAME, self.url, reading.reports, duration_s=time.monotonic() - began)
 
     def _failed(self, reason: str, message: str, began: float) -> None:
-        self.failures += 1
         self.sink.fail(
             NAME,
             self.url,
@@ -173,7 +181,11 @@ class ServerPoller:
 
     def deriver(self, documents: ServerDocuments) -> Deriver | None:
         """The capacity model for the served model: --model.config, else /v1/models `root`
-        when it is a local directory this container can read (a shared volume)."""
+        when it is a local directory this container can read (a shared volume).
+
+        config.json is re-read whenever its version (os.stat) changes, so a model replaced
+        in place is derived from its new config, and one that turns unreadable stops being
+        derived; an unchanged one keeps its deriver and the derivations it has cached."""
         path = self.settings.model_config
         if path is None:
             root = served_model(documents.models).get("root")
@@ -185,16 +197,31 @@ class ServerPoller:
                 path = Path(root)
         if path is None:
             return None
-        key = str(path)
-        if key not in self._derivers:
-            try:
-                self._derivers[key] = cached_deriver(load_model_config(path))
-            except ConfigError as error:
-                if key not in self._warned:
-                    self._warned.add(key)
-                    log.warning("cannot read model config", path=key, error=str(error))
-                return None
-        return self._derivers[key]
+        version = file_version(model_config_file(path))
+        read = self._model_config
+        if read is None or read.path != path or read.version != version:
+            read = self._model_config = self._read_model_config(path, version, replacing=read)
+        return read.derive
+
+    def _read_model_config(
+        self, path: Path, version: FileVersion | None, replacing: ModelConfigRead | None
+    ) -> ModelConfigRead:
+        # `version` was taken before the read: a write that lands during the read changes
+        # the version again, so the next poll reads the file once more.
+        try:
+            derive = cached_deriver(load_model_config(path))
+        except ConfigError as error:
+            self._warn_once("cannot read model config", str(error), path=str(path))
+            return ModelConfigRead(path, version, unreadable_config_deriver(str(error)))
+        if replacing is not None:
+            log.info("model config read", target=self.url, path=str(path))
+        return ModelConfigRead(path, version, derive)
+
+    def _warn_once(self, event: str, message: str, **fields: str) -> None:
+        """Log a problem the first time it is seen, not on every poll that still sees it."""
+        if message not in self._warned:
+            self._warned.add(message)
+            log.warning(event, target=self.url, error=message, **fields)
 
 
 def discover_serve_args(proc: Path = Path("/proc")) -> VllmServeArgs | None:

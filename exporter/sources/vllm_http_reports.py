@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.capacity import CapacityResult, EngineSettings, derive_capacity
-from exporter.errors import KvcapError
+from exporter.errors import ConfigError, KvcapError
 from exporter.sources.parsing import (
     CacheConfigInfo,
     MalformedExposition,
@@ -31,6 +31,7 @@ from exporter.sources.parsing import (
 from exporter.state import EngineReport, KvUsage, ReportedCapacity
 from exporter.state.records import engine_number, engine_sort_key
 
+# The capacity model of one model config; raises KvcapError when it cannot give a number.
 # Derivations are cached by their inputs: they change only when an engine restarts.
 Deriver = Callable[[EngineSettings, int], CapacityResult]
 
@@ -76,9 +77,12 @@ def read_server(
     names = _model_names(samples)
     engines = sorted(set(infos) | set(usage) | set(running), key=engine_sort_key)
     model = served_model(documents.models)
-    version = (documents.version or {}).get("version")
-    max_model_len = (
-        model.get("max_model_len") if isinstance(model.get("max_model_len"), int) else None
+    version = _json_text((documents.version or {}).get("version"))
+    max_model_len = _json_length(model.get("max_model_len"))
+    length_error = (
+        f"/v1/models max_model_len {repr(model['max_model_len'])[:40]} is not a positive integer"
+        if max_model_len is None and model.get("max_model_len") is not None
+        else None
     )
 
     warnings: list[tuple[str, str]] = []
@@ -94,14 +98,19 @@ def read_server(
             max_model_len=max_model_len,
             cache_dtype=info.cache_dtype if info else None,
         )
-        derived, error = _derive(args, info, max_model_len, blocks, derive)
+        # A length that is there but wrong is not replaced by a guess from the arguments.
+        derived, error = (
+            (None, length_error)
+            if length_error
+            else _derive(args, info, max_model_len, blocks, derive)
+        )
         if error is not None:
             warnings.append(("derivation", error))
         reports.append(
             EngineReport(
                 engine=engine,
-                model_name=names.get(engine) or str(model.get("id") or ""),
-                vllm_version=str(version) if version is not None else None,
+                model_name=names.get(engine) or _json_text(model.get("id")) or "",
+                vllm_version=version,
                 reported=reported,
                 derived=derived,
                 derivation_error=error,
@@ -111,6 +120,24 @@ def read_server(
             )
         )
     return ServerReading(tuple(reports), tuple(dict.fromkeys(warnings)))
+
+
+def _json_text(value: object) -> str | None:
+    """A JSON string kvcap can export as a label, else None. Python's json turns an escaped
+    lone surrogate ("\\ud800") into a str that UTF-8 cannot encode: as a label it would
+    fail every render of /metrics."""
+    if not isinstance(value, str):
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return value
+
+
+def _json_length(value: object) -> int | None:
+    """A positive JSON integer; not a bool, which Python counts as an int."""
+    return value if type(value) is int and value > 0 else None
 
 
 def _world_size(args: VllmServeArgs | None) -> int | None:
@@ -202,5 +229,16 @@ def cached_deriver(config: Mapping[str, Any]) -> Deriver:
                 cache.clear()
             cache[key] = derive_capacity(config, settings, num_gpu_blocks=blocks)
         return cache[key]
+
+    return derive
+
+
+def unreadable_config_deriver(message: str) -> Deriver:
+    """The Deriver of a model config that cannot be read (missing, unreadable, not a JSON
+    object): every derivation fails with `message`, each engine's derivation_error."""
+
+    def derive(settings: EngineSettings, blocks: int) -> CapacityResult:
+        # A fresh error each time: re-raising one instance grows its traceback every poll.
+        raise ConfigError(message)
 
     return derive

@@ -121,10 +121,3 @@ def running_exporter(
     finally:
         exporter.stop()
 
-
-class FixedJitter:
-    """Stands in for the `random` module of the poller: the longest backoff, every time."""
-
-    @staticmethod
-    def uniform(low: float, high: float) -> float:
-        return high

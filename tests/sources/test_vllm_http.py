@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from exporter.demo import simulated_deployment
+from exporter.capacity import EngineSettings
+from exporter.demo import example_config, simulated_deployment
+from exporter.errors import ConfigError
 from exporter.sources.http_fetch import fetch
 from exporter.sources.parsing import parse_vllm_serve_args
 from exporter.sources.vllm_http import (
@@ -17,6 +20,7 @@ from exporter.sources.vllm_http import (
     VllmHttpSettings,
     discover_serve_args,
 )
+from exporter.sources.vllm_http_reports import ServerDocuments
 from exporter.state import StateStore
 from tests.conftest import GOLDEN
 from tests.sources.recorded_vllm import Playback, serve
@@ -166,17 +170,30 @@ def test_gzip_bodies_are_accepted() -> None:
     assert len(store.snapshot().engines) == 2
 
 
-def test_connection_refused_is_counted_and_backs_off() -> None:
+class CountedStop(threading.Event):
+    """The poller's stop event, recording each wait between polls; set after `polls` waits."""
+
+    def __init__(self, polls: int) -> None:
+        super().__init__()
+        self.polls = polls
+        self.waits_s: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits_s.append(timeout)
+        if len(self.waits_s) >= self.polls:
+            self.set()
+        return self.is_set()
+
+
+def test_connection_refused_is_counted_and_retried_every_poll_interval() -> None:
     with serve(Playback(metrics=b"")) as url:
         pass  # the port is closed again now
     store = StateStore()
-    poller = ServerPoller(
-        url, VllmHttpSettings(urls=(url,), poll_interval_s=5.0), fetch, store, threading.Event()
-    )
-    poller.poll_once()
-    poller.poll_once()
-    assert store.snapshot().errors == {("vllm_http", "connection_refused"): 2}
-    assert 2.5 <= poller.next_delay_s() <= 10.0  # 5 s doubled once, with jitter
+    stop = CountedStop(polls=4)
+    ServerPoller(url, VllmHttpSettings(urls=(url,), poll_interval_s=5.0), fetch, store, stop).run()
+    assert store.snapshot().errors == {("vllm_http", "connection_refused"): 4}
+    # No backoff: a restarted vLLM is seen within one poll interval, however long it was away.
+    assert stop.waits_s == [5.0] * 4
 
 
 def test_stale_only_after_the_ttl() -> None:
@@ -212,6 +229,69 @@ def test_without_settings_the_reported_capacity_is_still_exported() -> None:
     assert view.kv_cache_size_tokens == fixture["engines"][0]["kv_cache_size_tokens"]
     assert view.derived_kv_cache_size_tokens is None
     assert view.derivation_error is not None
+
+
+GEMMA_ARGS = "/models/gemma -tp 2"
+GEMMA_BODY = (
+    b'vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",'
+    b'num_gpu_blocks="134276"} 1.0\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("model_config", "message"),
+    [
+        ("missing", "cannot read {tmp}/missing: No such file or directory"),
+        ("", "cannot read {tmp}/config.json: Is a directory"),
+    ],
+    ids=["missing", "config.json-a-directory"],
+)
+def test_an_unreadable_model_config_is_named_in_the_derivation_error(
+    tmp_path: Path, model_config: str, message: str
+) -> None:
+    """--model.config given but unreadable: the reason says so, it does not ask for the flag."""
+    (tmp_path / "config.json").mkdir()
+    store = StateStore()
+    with serve(Playback(metrics=GEMMA_BODY)) as url:
+        settings = VllmHttpSettings(
+            urls=(url,),
+            serve_args=parse_vllm_serve_args(GEMMA_ARGS),
+            model_config=tmp_path / model_config,
+        )
+        poll(url, settings, store)
+    view = store.snapshot().engines[0]
+    assert view.num_gpu_blocks == 134276
+    assert view.derived_kv_cache_size_tokens is None
+    assert view.derivation_error == message.format(tmp=tmp_path)
+
+
+def test_the_model_config_is_read_again_only_when_it_changes(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(example_config("gemma-3-27b-text")))
+    settings = VllmHttpSettings(urls=("http://unused",), model_config=tmp_path)
+    poller = ServerPoller("http://unused", settings, fetch, StateStore(), threading.Event())
+    documents = ServerDocuments(metrics="")
+    engine = EngineSettings(tensor_parallel_size=2, max_model_len=4096)
+    gemma = poller.deriver(documents)
+    assert gemma is not None
+    assert gemma(engine, 20_000).architecture == "Gemma3ForCausalLM"
+    # Unchanged: the same deriver, with the derivations it has cached.
+    assert poller.deriver(documents) is gemma
+    # Replaced (a new file renamed over it): read again.
+    replacement = tmp_path / "config.json.new"
+    replacement.write_text(json.dumps(example_config("llama-3.1-8b")))
+    replacement.rename(config)
+    llama = poller.deriver(documents)
+    assert llama is not None
+    assert llama is not gemma
+    assert llama(engine, 20_000).architecture == "LlamaForCausalLM"
+    # Unreadable: every derivation fails, saying why.
+    config.unlink()
+    unreadable = poller.deriver(documents)
+    assert unreadable is not None
+    with pytest.raises(ConfigError, match=re.escape(f"cannot read {config}: No such file")):
+        unreadable(engine, 20_000)
+    assert poller.deriver(documents) is unreadable
 
 
 def test_serve_args_are_discovered_in_a_shared_process_namespace(tmp_path: Path) -> None:
