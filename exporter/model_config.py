@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from exporter.errors import ConfigError
 
 
@@ -43,8 +45,16 @@ def load_model_config(path: Path) -> dict[str, Any]:
         data = json.loads(file.read_text(encoding="utf-8"))
     except OSError as error:
         raise ConfigError(f"cannot read {file}: {error.strerror or error}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except (ValueError, RecursionError) as error:
+        # ValueError: not JSON, not UTF-8, or an integer of over 4,300 digits;
+        # RecursionError: nesting deeper than Python's json follows.
         raise ConfigError(f"{file} is not valid JSON: {error}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{file} must hold a JSON object")
+    try:
+        # Python's json turns an escaped lone surrogate ("\\ud800") into a str no UTF-8
+        # writer accepts; kvcap's outputs are UTF-8, so such a file is refused here.
+        msgspec.json.encode(data)
+    except UnicodeEncodeError:
+        raise ConfigError(f"{file} holds a string with a lone UTF-16 surrogate") from None
     return data
