@@ -172,7 +172,7 @@ class ServerPoller:
                 max_bytes=min(self.settings.max_body_bytes, 2**20),
             )
             document = json.loads(body)
-        except (FetchError, ValueError):
+        except (FetchError, ValueError, RecursionError):  # RecursionError: absurd nesting
             return None
         return document if isinstance(document, Mapping) else None
 

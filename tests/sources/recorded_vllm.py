@@ -38,7 +38,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/metrics":
             body = playback.metrics
         elif self.path in playback.documents:
-            body = json.dumps(playback.documents[self.path]).encode()
+            document = playback.documents[self.path]
+            # bytes are served as they are: JSON no encoder would write.
+            body = document if isinstance(document, bytes) else json.dumps(document).encode()
         else:
             self.send_error(404)
             return

@@ -219,6 +219,22 @@ def test_absurd_label_values_are_rejected_not_exported() -> None:
     assert store.snapshot().engines == ()
 
 
+@pytest.mark.parametrize(
+    "document",
+    [b"[" * 100_000 + b"]" * 100_000, b'{"data": [{"id": 1' + b"0" * 5000 + b"}]}", b"{"],
+    ids=["deep", "long-int", "truncated"],
+)
+def test_a_bad_v1_models_document_is_ignored_not_fatal(document: bytes) -> None:
+    fixture = load(LLAMA)
+    store = StateStore()
+    playback = Playback(exposition_of(LLAMA, fixture), documents={"/v1/models": document})
+    with serve(playback) as url:
+        poll(url, settings_for(url, fixture, LLAMA), store)
+    # /v1/models is optional: the engines come from /metrics as without it.
+    assert store.snapshot().errors == {}
+    assert len(store.snapshot().engines) == len(fixture["engines"])
+
+
 def test_without_settings_the_reported_capacity_is_still_exported() -> None:
     path = EXPOSITIONS / "qwen3-next-80b-a3b-dp2-tp2.vllm-0.33.json"
     fixture = load(path)
