@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,14 @@ _MAX_LENGTH_KEYS = (
 )
 # Used by vLLM when none of the keys above is present.
 _DEFAULT_MAX_MODEL_LEN = 2048
+
+# Bounds on config.json integers. Every field the model reads is a size, a count or a
+# period, so none is negative. Past int64 no tensor vLLM builds could hold the value, and
+# keeping every field below it keeps the products of fields inside float range.
+MAX_CONFIG_INT = 2**63 - 1
+# The layer count bounds the work: one record per layer. No real model has more than a
+# few hundred layers; a million would take ~10 s before any answer.
+MAX_LAYERS = 100_000
 
 # Rope types whose factor does not stretch the context (vLLM leaves the length alone).
 # YaRN variants already have the stretched length in max_position_embeddings.
@@ -189,28 +198,61 @@ class HfConfig:
         value = self.text.get(key)
         return default if value is None else value
 
-    def get_int(self, key: str, default: int | None = None) -> int:
+    def get_int(
+        self,
+        key: str,
+        default: int | None = None,
+        *,
+        minimum: int = 0,
+        maximum: int = MAX_CONFIG_INT,
+    ) -> int:
+        """An integer field in [minimum, maximum]; a float with no fraction counts.
+
+        Booleans, NaN and Infinity (Python's json reads both) are not integers.
+        """
         value = self.text.get(key)
         if value is None:
             if default is None:
                 raise ConfigError(f"config.json is missing the integer field `{key}`")
             return default
-        if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
-            raise ConfigError(f"config.json field `{key}` must be an integer, got {value!r}")
+        if not _is_number(value) or (isinstance(value, float) and not value.is_integer()):
+            raise ConfigError(f"config.json field `{key}` must be an integer, got {_shown(value)}")
+        if value < minimum:
+            raise ConfigError(
+                f"config.json field `{key}` must be at least {minimum}, got {_shown(value)}"
+            )
+        if value > maximum:
+            raise ConfigError(
+                f"config.json field `{key}` must be at most {maximum}, got {_shown(value)}"
+            )
         return int(value)
+
+    def positive_int(self, key: str, default: int | None = None) -> int:
+        """A count, size or period: anything the model divides by or multiplies out."""
+        return self.get_int(key, default, minimum=1)
 
     def optional_int(self, key: str) -> int | None:
         return self.get_int(key) if self.has(key) else None
 
     def get_float(self, key: str, default: float | None = None) -> float:
+        """A positive, finite number (the float fields read are all scale factors)."""
         value = self.text.get(key)
         if value is None:
             if default is None:
                 raise ConfigError(f"config.json is missing the number field `{key}`")
             return default
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"config.json field `{key}` must be a number, got {value!r}")
+        if not _is_number(value) or not 0 < value <= MAX_CONFIG_INT:
+            raise ConfigError(
+                f"config.json field `{key}` must be a positive number up to {MAX_CONFIG_INT}, "
+                f"got {_shown(value)}"
+            )
         return float(value)
+
+    def optional_str(self, key: str) -> str | None:
+        value = self.text.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"config.json field `{key}` must be a string, got {_shown(value)}")
+        return value
 
     def str_list(self, key: str) -> list[str] | None:
         value = self.text.get(key)
@@ -234,11 +276,11 @@ class HfConfig:
 
     @property
     def num_hidden_layers(self) -> int:
-        return self.get_int("num_hidden_layers")
+        return self.get_int("num_hidden_layers", minimum=1, maximum=MAX_LAYERS)
 
     @property
     def num_attention_heads(self) -> int:
-        return self.get_int("num_attention_heads")
+        return self.positive_int("num_attention_heads")
 
     @property
     def is_mla(self) -> bool:
@@ -247,15 +289,28 @@ class HfConfig:
     def head_size(self) -> int:
         """ModelConfig.get_head_size: the head size vLLM assumes for the whole model."""
         if self.is_mla:
-            return self.get_int("kv_lora_rank") + self.get_int("qk_rope_head_dim")
+            return self.latent_size()
         if self.model_type == "zamba2":
-            return self.get_int("attention_head_dim")
-        head_dim = self.get("head_dim")
-        if isinstance(head_dim, int) and head_dim > 0:
-            return head_dim
+            return self.positive_int("attention_head_dim")
+        if self.has("head_dim"):
+            return self.positive_int("head_dim")
         if self.has("hidden_size_per_head"):
-            return self.get_int("hidden_size_per_head")
-        return self.get_int("hidden_size") // self.num_attention_heads
+            return self.positive_int("hidden_size_per_head")
+        return self.hidden_size_per_attention_head()
+
+    def hidden_size_per_attention_head(self) -> int:
+        """hidden_size // num_attention_heads, the head size when no field states it."""
+        head_size = self.positive_int("hidden_size") // self.num_attention_heads
+        if head_size < 1:
+            raise ConfigError(
+                f"config.json `hidden_size` ({self.get_int('hidden_size')}) is smaller than "
+                f"`num_attention_heads` ({self.num_attention_heads}): a head would have no size"
+            )
+        return head_size
+
+    def latent_size(self) -> int:
+        """The MLA latent one token stores: kv_lora_rank plus the RoPE dimensions."""
+        return self.positive_int("kv_lora_rank") + self.get_int("qk_rope_head_dim")
 
     def total_num_kv_heads(self) -> int:
         """ModelConfig.get_total_num_kv_heads (1 for MLA: one latent per token)."""
@@ -263,7 +318,7 @@ class HfConfig:
             return 1
         for key in ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num"):
             if self.has(key):
-                return self.get_int(key)
+                return self.positive_int(key)
         return self.num_attention_heads
 
     def num_kv_heads_per_rank(self, tensor_parallel_size: int) -> int:
@@ -297,27 +352,35 @@ class HfConfig:
             return "longrope"
         return rope_type
 
+    def _rope_factor(self, rope: Mapping[str, Any]) -> Any:
+        factor = rope.get("factor")
+        if factor is not None and not (_is_number(factor) and factor > 0):
+            raise ConfigError(
+                f"config.json RoPE scaling `factor` must be a positive number, got {_shown(factor)}"
+            )
+        return factor
+
     def derived_max_model_len(self) -> int:
         """The model's own maximum length, the ceiling for `--max-model-len`."""
-        derived = math.inf
-        for key in _MAX_LENGTH_KEYS:
-            value = self.text.get(key)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                derived = min(derived, value)
+        lengths = [self.positive_int(key) for key in _MAX_LENGTH_KEYS if self.has(key)]
+        derived = min(lengths, default=_DEFAULT_MAX_MODEL_LEN)
         # Command-R / Cohere models state their usable length explicitly.
-        model_max_length = self.text.get("model_max_length")
-        if isinstance(model_max_length, int) and model_max_length:
-            derived = model_max_length
-        if derived == math.inf:
-            derived = _DEFAULT_MAX_MODEL_LEN
+        if self.has("model_max_length"):
+            derived = self.positive_int("model_max_length")
         # Gemma 3's 128K is already scaled by its RoPE factor; vLLM does not scale it again.
         if "gemma3" not in self.model_type:
             factor: Any = 1.0
             for rope in self.rope_parameters():
                 if self._rope_type(rope) not in _ROPE_TYPES_WITHOUT_STRETCH:
-                    factor = rope.get("factor", factor)
-            derived = derived * (1.0 if factor is None else factor)
-        return int(derived)
+                    factor = self._rope_factor(rope) if "factor" in rope else factor
+            scaled = derived * (1.0 if factor is None else factor)
+            if not 1 <= scaled <= MAX_CONFIG_INT:
+                raise ConfigError(
+                    f"config.json RoPE scaling `factor` {_shown(factor)} stretches the maximum "
+                    f"length {derived} to {_shown(scaled)} tokens (1 to {MAX_CONFIG_INT})"
+                )
+            return int(scaled)
+        return derived
 
     def default_max_model_len(self) -> int:
         """The length vLLM serves when `--max-model-len` is not given (or is -1, before auto-fit).
@@ -325,16 +388,30 @@ class HfConfig:
         LongRoPE models (Phi-3-128k, Phi-4-mini) default to their pre-training length.
         """
         if any(self._rope_type(rope) == "longrope" for rope in self.rope_parameters()):
-            original = self.text.get("original_max_position_embeddings")
-            if original is None and self.model_type == "phi3":
-                original = 4096  # transformers' Phi3Config default
-            if isinstance(original, int | float) and not isinstance(original, bool):
-                return int(original)
+            if self.has("original_max_position_embeddings"):
+                return self.positive_int("original_max_position_embeddings")
+            if self.model_type == "phi3":
+                return 4096  # transformers' Phi3Config default
         return self.derived_max_model_len()
 
     def allows_max_model_len(self, requested: int) -> bool:
         """vLLM accepts a longer `--max-model-len` only up to `model_max_length`."""
         if requested <= self.derived_max_model_len():
             return True
-        model_max_length = self.text.get("model_max_length")
-        return isinstance(model_max_length, int) and requested <= model_max_length
+        return self.has("model_max_length") and requested <= self.positive_int("model_max_length")
+
+
+def _shown(value: Any) -> str:
+    """A config value for an error message, cut short: it may be a huge number or a tree."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_CONFIG_INT:
+        # repr() of an int past 4300 digits raises ValueError (Python's digit limit).
+        return f"an integer of {value.bit_length()} bits"
+    return reprlib.repr(value)
+
+
+def _is_number(value: Any) -> bool:
+    """A finite JSON number; `true` is not 1 here."""
+    if isinstance(value, bool):
+        return False
+    # math.isfinite would overflow on a huge int; only floats can be NaN or Infinity.
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))

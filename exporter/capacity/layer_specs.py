@@ -190,7 +190,9 @@ def hybrid_block_sizes(
         head_size=hf.head_size(),
         mla=is_mla,
     )
-    attention_bytes_per_token = attention_spec(probe, 1, kv).page_size_bytes
+    attention_bytes_per_token = _checked_page_bytes(
+        attention_spec(probe, 1, kv), "its attention layers"
+    )
     mamba_page = max(_mamba_state_bytes(layer) for layer in mamba_layers)
     if mamba_page == 0:
         return BlockSizes(block_size, mamba_block, None)
@@ -209,6 +211,17 @@ def hybrid_block_sizes(
         mamba=block if mamba_cache_mode == "align" else max_model_len,
         mamba_page_padded=padded_page if padded_page != mamba_page else None,
     )
+
+
+def _checked_page_bytes(spec: KvCacheSpec, layer_name: str) -> int:
+    """A page's bytes, refused at 0: every size in config.json is positive by now, yet
+    NVFP4 packs a head of 1 into 1 // 2 + 1 // 16 = 0 bytes, and pages are divided by."""
+    if spec.page_size_bytes < 1:
+        raise ConfigError(
+            f"config.json gives {layer_name} a KV cache page of {spec.page_size_bytes} bytes "
+            f"({spec.spec_type}); its head or state sizes are too small"
+        )
+    return spec.page_size_bytes
 
 
 def _mamba_state_bytes(layer: MambaLayer) -> int:
@@ -234,11 +247,13 @@ def build_layer_specs(
     """Each cache-holding layer with the spec it reports, in model order."""
     specs: list[tuple[AttentionLayer | MambaLayer, KvCacheSpec]] = []
     for layer in layout.layers:
+        spec: KvCacheSpec
         if isinstance(layer, AttentionLayer):
-            specs.append((layer, attention_spec(layer, sizes.attention, kv)))
+            spec = attention_spec(layer, sizes.attention, kv)
         else:
             spec = _mamba_spec(
                 layer, block_size=sizes.mamba, padded=sizes.mamba_page_padded, mode=mode
             )
-            specs.append((layer, spec))
+        _checked_page_bytes(spec, layer.name)
+        specs.append((layer, spec))
     return specs

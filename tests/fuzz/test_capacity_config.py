@@ -14,7 +14,6 @@ import math
 import signal
 import subprocess
 import sys
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.capacity import CapacityResult, EngineSettings, derive_capacity, supported_families
+from exporter.capacity.hf_config import MAX_LAYERS
 from exporter.errors import KvcapError
 from tests.conftest import FIXTURES, load_golden_cases
 from tests.fuzz.mutations import HOSTILE_NUMBERS, garbage, mutated
@@ -57,8 +57,9 @@ LAYER_TYPES = (
     "conv",
     "",
 )
-# Above this many layers the model builds one record per layer for ~seconds (see
-# test_a_million_layers_is_refused_quickly); the property test stays under it.
+# The model builds one record per layer: up to its bound of 100,000 layers that takes about
+# a second, so the property test stays under this many to try many configs (the bound itself
+# is pinned by test_a_million_layers_is_refused_quickly).
 MAX_FUZZED_LAYERS = 4096
 TIME_LIMIT_S = 5
 
@@ -222,58 +223,12 @@ def bounded(config: Any) -> bool:
     )
 
 
-# Crashes the fuzzer found that are still open, by (exception, function that raised it),
-# each pinned with its minimal input by an xfail test below. The property tests let these
-# through and nothing else; delete an entry once its xfail test passes.
-KNOWN_CRASHES: dict[tuple[type[BaseException], str], str] = {
-    (ZeroDivisionError, "kv_heads_per_rank"): "test_zero_divisor_fields",
-    (ZeroDivisionError, "config_head_dim"): "test_zero_divisor_fields",
-    (ZeroDivisionError, "jamba"): "test_zero_divisor_fields",
-    (ZeroDivisionError, "<listcomp>"): "test_zero_divisor_fields",
-    (ZeroDivisionError, "llama4"): "test_zero_divisor_fields",
-    (ZeroDivisionError, "derive_capacity"): "test_zero_divisor_fields",
-    (ValueError, "derive_capacity"): "test_non_positive_head_size",
-    (ZeroDivisionError, "cdiv"): "test_non_positive_head_size",
-    (ValueError, "get_int"): "test_non_finite_numbers",
-    (OverflowError, "get_int"): "test_non_finite_numbers",
-    (ValueError, "derived_max_model_len"): "test_rope_factor_of_the_wrong_type",
-    (OverflowError, "derived_max_model_len"): "test_rope_factor_of_the_wrong_type",
-    (TypeError, "derived_max_model_len"): "test_rope_factor_of_the_wrong_type",
-    (IndexError, "<genexpr>"): "test_llama4_short_no_rope_layers",
-}
-
-
-def known_crash(error: BaseException) -> str | None:
-    """The xfail test that pins this crash, when it is one the fuzzer already found."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if "/exporter/" in f.filename]
-    if not frames:
-        return None
-    return KNOWN_CRASHES.get((type(error), frames[-1].name))
-
-
-def derive_or_known(
-    config: Any, kwargs: dict[str, Any], memory: dict[str, int]
-) -> CapacityResult | None:
-    """derive(), with the known open crashes and made-up plans counted as refusals."""
-    try:
-        result = derive(config, kwargs, memory)
-    except Exception as error:
-        if known_crash(error) is None:
-            raise
-        return None
-    if result is not None and result.max_model_len < 1:
-        return None  # test_non_positive_max_model_len
-    if result is not None and any((g.sliding_window or 0) < 0 for g in result.groups):
-        return None  # test_negative_sliding_window
-    return result
-
-
 @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(config=configs().filter(bounded), kwargs=engine_settings_kwargs(), memory=memory)
 def test_mutated_configs_give_a_kvcap_error_or_a_consistent_plan(
     config: dict[str, Any], kwargs: dict[str, Any], memory: dict[str, int]
 ) -> None:
-    result = derive_or_known(config, kwargs, memory)
+    result = derive(config, kwargs, memory)
     if result is not None:
         check_plan(result, kwargs, memory)
         # Pure: the same input gives the same plan.
@@ -284,7 +239,7 @@ def test_mutated_configs_give_a_kvcap_error_or_a_consistent_plan(
 def test_arbitrary_json_gives_a_kvcap_error(
     config: Any, kwargs: dict[str, Any], memory: dict[str, int]
 ) -> None:
-    result = derive_or_known(config, kwargs, memory)
+    result = derive(config, kwargs, memory)
     if result is not None:
         check_plan(result, kwargs, memory)
 
@@ -339,14 +294,12 @@ LLAMA4 = {
 BLOCKS = {"num_gpu_blocks": 1000}
 
 
-def xfail(raises: type[BaseException], reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, raises=raises, reason=reason)
-
-
-def refused_cleanly(config: dict[str, Any], **changes: Any) -> None:
+def refused_cleanly(
+    config: dict[str, Any], /, settings: EngineSettings | None = None, **changes: Any
+) -> None:
     """kvcap refuses the config with one of its own errors, naming the field."""
     with pytest.raises(KvcapError) as refused:
-        derive_capacity({**config, **changes}, EngineSettings(), **BLOCKS)
+        derive_capacity({**config, **changes}, settings or EngineSettings(), **BLOCKS)
     field = next(iter(changes))
     assert field in str(refused.value) or "config.json" in str(refused.value)
 
@@ -356,74 +309,50 @@ def test_the_minimal_configs_plan(config: dict[str, Any]) -> None:
     check_plan(derive_capacity(config, EngineSettings(), **BLOCKS), {}, BLOCKS)
 
 
-ZERO_DIVISION = xfail(ZeroDivisionError, "a zero divisor in config.json is not checked")
-
-
 @pytest.mark.parametrize(
     ("config", "field"),
     [
-        pytest.param(LLAMA, "num_key_value_heads", marks=ZERO_DIVISION, id="kv-heads"),
-        pytest.param(LLAMA, "num_attention_heads", marks=ZERO_DIVISION, id="heads"),
-        pytest.param(JAMBA, "num_attention_heads", marks=ZERO_DIVISION, id="jamba-heads"),
-        pytest.param(JAMBA, "attn_layer_period", marks=ZERO_DIVISION, id="jamba-period"),
-        pytest.param(GEMMA3, "sliding_window_pattern", marks=ZERO_DIVISION, id="gemma3-pattern"),
-        pytest.param(
-            QWEN3_NEXT, "full_attention_interval", marks=ZERO_DIVISION, id="qwen3-next-interval"
-        ),
-        pytest.param(LLAMA4, "no_rope_layer_interval", marks=ZERO_DIVISION, id="llama4-interval"),
+        pytest.param(LLAMA, "num_key_value_heads", id="kv-heads"),
+        pytest.param(LLAMA, "num_attention_heads", id="heads"),
+        pytest.param(JAMBA, "num_attention_heads", id="jamba-heads"),
+        pytest.param(JAMBA, "attn_layer_period", id="jamba-period"),
+        pytest.param(GEMMA3, "sliding_window_pattern", id="gemma3-pattern"),
+        pytest.param(QWEN3_NEXT, "full_attention_interval", id="qwen3-next-interval"),
+        pytest.param(LLAMA4, "no_rope_layer_interval", id="llama4-interval"),
         # max_model_len 0: blocks per request 0, then num_blocks / 0.
-        pytest.param(LLAMA, "max_position_embeddings", marks=ZERO_DIVISION, id="max-len"),
+        pytest.param(LLAMA, "max_position_embeddings", id="max-len"),
     ],
 )
 def test_zero_divisor_fields(config: dict[str, Any], field: str) -> None:
     refused_cleanly(config, **{field: 0})
 
 
-NO_WORKER_BYTES = xfail(
-    ValueError, "a zero or negative head size leaves no worker with bytes: min() of nothing"
-)
-
-
+# A zero or negative head size left no worker with bytes: min() of nothing.
 @pytest.mark.parametrize(
     ("config", "changes"),
     [
-        pytest.param(LLAMA, {"hidden_size": 0}, marks=NO_WORKER_BYTES, id="hidden-0"),
-        pytest.param(LLAMA, {"hidden_size": -256}, marks=NO_WORKER_BYTES, id="hidden-negative"),
-        pytest.param(
-            GEMMA3,
-            {"head_dim": -64, "hidden_size": -256},
-            marks=NO_WORKER_BYTES,
-            id="head-dim-negative",
-        ),
+        pytest.param(LLAMA, {"hidden_size": 0}, id="hidden-0"),
+        pytest.param(LLAMA, {"hidden_size": -256}, id="hidden-negative"),
+        pytest.param(GEMMA3, {"head_dim": -64, "hidden_size": -256}, id="head-dim-negative"),
+        pytest.param(GEMMA3, {"head_dim": -64}, id="head-dim-negative-alone"),
+        pytest.param(GEMMA3, {"head_dim": 0}, id="head-dim-0"),
         # hidden_size // num_attention_heads == 0: the Mamba page alignment divides by it.
-        pytest.param(
-            JAMBA,
-            {"hidden_size": 2},
-            marks=xfail(ZeroDivisionError, "cdiv by zero attention bytes per token"),
-            id="jamba-head-size-0",
-        ),
+        pytest.param(JAMBA, {"hidden_size": 2}, id="jamba-head-size-0"),
+        pytest.param(LLAMA, {"hidden_size": 2}, id="head-size-0"),
     ],
 )
 def test_non_positive_head_size(config: dict[str, Any], changes: dict[str, Any]) -> None:
     refused_cleanly(config, **changes)
 
 
-def non_finite(raises: type[BaseException], changes: dict[str, Any], id: str) -> Any:
-    reason = "Python's json reads NaN and Infinity; int() of them is not caught"
-    return pytest.param(changes, marks=xfail(raises, reason), id=id)
-
-
+# Python's json reads NaN and Infinity; int() of them raised ValueError / OverflowError.
 @pytest.mark.parametrize(
     "changes",
     [
-        non_finite(ValueError, {"num_hidden_layers": math.nan}, "layers-nan"),
-        non_finite(OverflowError, {"num_hidden_layers": math.inf}, "layers-inf"),
-        non_finite(
-            ValueError, {"rope_scaling": {"rope_type": "linear", "factor": math.nan}}, "rope-nan"
-        ),
-        non_finite(
-            OverflowError, {"rope_scaling": {"rope_type": "linear", "factor": math.inf}}, "rope-inf"
-        ),
+        pytest.param({"num_hidden_layers": math.nan}, id="layers-nan"),
+        pytest.param({"num_hidden_layers": math.inf}, id="layers-inf"),
+        pytest.param({"rope_scaling": {"rope_type": "linear", "factor": math.nan}}, id="rope-nan"),
+        pytest.param({"rope_scaling": {"rope_type": "linear", "factor": math.inf}}, id="rope-inf"),
     ],
 )
 def test_non_finite_numbers(changes: dict[str, Any]) -> None:
@@ -433,18 +362,20 @@ def test_non_finite_numbers(changes: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     "factor",
     [
-        pytest.param({}, marks=xfail(TypeError, "int * dict"), id="dict"),
-        pytest.param([2], marks=xfail(TypeError, "int * list"), id="list"),
+        pytest.param({}, id="dict"),
+        pytest.param([2], id="list"),
         # 4096 * "2" is a string of 4096 twos, int() of it a 4096-digit length.
-        pytest.param("2", marks=xfail(OverflowError, "int * str repeats the string"), id="str"),
+        pytest.param("2", id="str"),
+        # True * 4096 is 4096: a boolean is not a number here.
+        pytest.param(True, id="bool"),
     ],
 )
 def test_rope_factor_of_the_wrong_type(factor: Any) -> None:
     refused_cleanly(LLAMA, rope_scaling={"rope_type": "linear", "factor": factor})
 
 
-@xfail(IndexError, "no_rope_layers is indexed by layer without checking its length")
 def test_llama4_short_no_rope_layers() -> None:
+    # no_rope_layers was indexed by layer without checking its length (IndexError).
     refused_cleanly(LLAMA4, no_rope_layers=[1])
 
 
@@ -456,58 +387,29 @@ def test_llama4_short_no_rope_layers() -> None:
     ],
     ids=["negative-max-len", "negative-rope-factor"],
 )
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a negative length is planned: max_model_len -4096, blocks per request -256, "
-    "max_concurrency -3.9",
-)
 def test_non_positive_max_model_len(changes: dict[str, Any]) -> None:
-    try:
-        result = derive_capacity({**LLAMA, **changes}, EngineSettings(), **BLOCKS)
-    except KvcapError:
-        return
-    check_plan(result, {}, BLOCKS)
+    # A negative length was planned: max_model_len -4096, blocks per request -256,
+    # max_concurrency -3.9.
+    refused_cleanly(LLAMA, **changes)
 
 
 @pytest.mark.parametrize("window", [-5, -100_000])
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a negative sliding_window is planned as a window: -100000 gives blocks per "
-    "request -5225 and capacity -783 tokens",
-)
 def test_negative_sliding_window(window: int) -> None:
+    # A negative window was planned: -100000 gave blocks per request -5225 and a capacity
+    # of -783 tokens.
     config = {**LLAMA, "architectures": ["MistralForCausalLM"], "model_type": "mistral"}
-    try:
-        result = derive_capacity({**config, "sliding_window": window}, EngineSettings(), **BLOCKS)
-    except KvcapError:
-        return
-    raise AssertionError(f"planned {result.kv_cache_size_tokens} tokens for window {window}")
+    refused_cleanly(config, sliding_window=window)
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf], ids=["nan", "inf"])
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a NaN or Infinity max_position_embeddings is skipped as if absent: 2048 is made up",
-)
 def test_non_finite_max_position_embeddings_is_refused(value: float) -> None:
-    try:
-        result = derive_capacity(
-            {**LLAMA, "max_position_embeddings": value}, EngineSettings(), **BLOCKS
-        )
-    except KvcapError:
-        return
-    raise AssertionError(f"planned max_model_len {result.max_model_len} for {value}")
+    # A NaN or Infinity max_position_embeddings was skipped as if absent: 2048 was made up.
+    refused_cleanly(LLAMA, max_position_embeddings=value)
 
 
-@xfail(
-    subprocess.TimeoutExpired,
-    "layers are built one Python object each, with no bound: 10**6 layers take ~11 s and "
-    "0.5 GB, 10**12 a MemoryError",
-)
 def test_a_million_layers_is_refused_quickly() -> None:
+    # Layers are built one Python object each: without a bound 10**6 layers took ~11 s and
+    # 0.5 GB, 10**12 a MemoryError.
     # In a child process: a signal cannot interrupt this reliably (hypothesis' gc callbacks
     # swallow the exception), and a thread could not be stopped.
     code = (
@@ -523,3 +425,85 @@ def test_a_million_layers_is_refused_quickly() -> None:
     )
     run = subprocess.run([sys.executable, "-c", code], timeout=3, check=False)
     assert run.returncode == 0
+
+
+# --- found while fixing the above: the same bugs reached through other fields --------
+
+
+@pytest.mark.parametrize(
+    ("config", "changes"),
+    [
+        # A length that rounds to 0: blocks per request 0, then num_blocks / 0.
+        pytest.param(LLAMA, {"max_position_embeddings": 0.5}, id="max-len-half"),
+        pytest.param(
+            LLAMA, {"rope_scaling": {"rope_type": "linear", "factor": 1e-300}}, id="rope-tiny"
+        ),
+        # Skipped as if absent: the made-up default of 2048 was planned.
+        pytest.param(LLAMA, {"max_position_embeddings": "4096"}, id="max-len-str"),
+        pytest.param(LLAMA, {"max_position_embeddings": True}, id="max-len-bool"),
+        # OverflowError: int too large to convert to float (length x 1.0).
+        pytest.param(LLAMA, {"max_position_embeddings": 10**400}, id="max-len-huge"),
+        # A 304-digit max_model_len was planned (and reported in DoesNotFit).
+        pytest.param(
+            LLAMA, {"rope_scaling": {"rope_type": "linear", "factor": 1e300}}, id="rope-huge"
+        ),
+        # Planned with a head of 10**400 // 4 elements.
+        pytest.param(LLAMA, {"hidden_size": 10**400}, id="hidden-huge"),
+        # One past the documented bound on layers.
+        pytest.param(LLAMA, {"num_hidden_layers": MAX_LAYERS + 1}, id="layers-over-bound"),
+        # No attention layer at all: planned as if Jamba were a pure Mamba model.
+        pytest.param(JAMBA, {"attn_layer_offset": -1}, id="jamba-offset-negative"),
+        # A conv state of d_conv - 1 = -1 rows was planned.
+        pytest.param(JAMBA, {"mamba_d_conv": 0}, id="jamba-d-conv-0"),
+        # ValueError: cannot convert float NaN to integer.
+        pytest.param(
+            CONFIGS["falcon-h1-1.5b-deep"],
+            {"mamba_d_ssm": None, "mamba_expand": math.nan},
+            id="falcon-h1-expand-nan",
+        ),
+        # A Mamba intermediate size of 0 was planned.
+        pytest.param(
+            CONFIGS["falcon-h1-1.5b-deep"],
+            {"mamba_d_ssm": None, "mamba_expand": 1e-9},
+            id="falcon-h1-expand-tiny",
+        ),
+        # More Mamba heads than intermediate channels: heads of 0 channels were planned.
+        pytest.param(CONFIGS["zamba2-2.7b"], {"n_mamba_heads": 10**6}, id="zamba2-heads"),
+        pytest.param(
+            CONFIGS["granite-4.0-h-small"],
+            {"mamba_n_heads": 10**6, "mamba_d_head": "auto"},
+            id="granite-heads",
+        ),
+        # AttributeError: 'int' object has no attribute 'removeprefix'.
+        pytest.param(CONFIGS["nemotron-h-8b"], {"mamba_ssm_cache_dtype": 5}, id="nemotron-dtype"),
+    ],
+)
+def test_more_malformed_fields(config: dict[str, Any], changes: dict[str, Any]) -> None:
+    refused_cleanly(config, **changes)
+
+
+@pytest.mark.parametrize(
+    ("config", "changes"),
+    [
+        # NVFP4 packs a head of 1 into 1 // 2 + 1 // 16 = 0 bytes: min() of no worker bytes.
+        pytest.param(LLAMA, {"head_dim": 1}, id="dense"),
+        # ... and the hybrid alignment divided by those 0 bytes.
+        pytest.param(JAMBA, {"hidden_size": 4}, id="jamba"),
+    ],
+)
+def test_a_page_of_no_bytes_is_refused(config: dict[str, Any], changes: dict[str, Any]) -> None:
+    refused_cleanly(config, EngineSettings(kv_cache_dtype="nvfp4"), **changes)
+
+
+def test_llama4_empty_no_rope_layers_takes_the_default() -> None:
+    # Llama4TextConfig fills in the default pattern for an empty list; it was an IndexError.
+    empty = derive_capacity({**LLAMA4, "no_rope_layers": []}, EngineSettings(), **BLOCKS)
+    assert empty == derive_capacity(LLAMA4, EngineSettings(), **BLOCKS)
+
+
+def test_llama4_attention_chunk_size_0_is_full_attention() -> None:
+    # vLLM chunks a RoPE layer only when attention_chunk_size is truthy; a chunk of 0 was
+    # planned as a chunked group.
+    zero = derive_capacity({**LLAMA4, "attention_chunk_size": 0}, EngineSettings(), **BLOCKS)
+    assert {group.kind for group in zero.groups} == {"full_attention"}
+    assert all(group.attention_chunk_size is None for group in zero.groups)

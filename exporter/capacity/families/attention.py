@@ -30,10 +30,9 @@ def kv_heads_per_rank(total_kv_heads: int, tp: int) -> int:
 
 def config_head_dim(hf: HfConfig) -> int:
     """`head_dim` when the config has it, else hidden_size // num_attention_heads."""
-    head_dim = hf.get("head_dim")
-    if isinstance(head_dim, int) and head_dim > 0:
-        return head_dim
-    return hf.get_int("hidden_size") // hf.num_attention_heads
+    if hf.has("head_dim"):
+        return hf.positive_int("head_dim")
+    return hf.hidden_size_per_attention_head()
 
 
 def sliding_window(hf: HfConfig) -> int | None:
@@ -159,7 +158,7 @@ def gemma2(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
 @register("gemma3", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 def gemma3(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     n = hf.num_hidden_layers
-    default = pattern_layer_types(n, hf.get_int("sliding_window_pattern", 6))
+    default = pattern_layer_types(n, hf.positive_int("sliding_window_pattern", 6))
     return ModelLayout(
         layers=attention_layers(hf, ctx, _per_layer_windows(hf, default)), num_decoder_layers=n
     )
@@ -170,7 +169,7 @@ def cohere2(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     """Cohere 2 / Command A: a sliding layer sees its window plus the current token, so
     commandr.py hands vLLM `sliding_window + 1`."""
     n = hf.num_hidden_layers
-    default = pattern_layer_types(n, hf.get_int("sliding_window_pattern", 4))
+    default = pattern_layer_types(n, hf.positive_int("sliding_window_pattern", 4))
     windows = [w + 1 if w is not None else None for w in _per_layer_windows(hf, default)]
     return ModelLayout(layers=attention_layers(hf, ctx, windows), num_decoder_layers=n)
 
@@ -233,11 +232,17 @@ def gpt_oss(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
 def llama4(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     """Llama 4: NoPE layers are global, RoPE layers attend within fixed chunks."""
     n = hf.num_hidden_layers
+    # Llama4TextConfig fills in the default for a missing or empty list.
     no_rope_layers = hf.int_list("no_rope_layers")
-    if no_rope_layers is None:
-        interval = hf.get_int("no_rope_layer_interval", 4)
+    if not no_rope_layers:
+        interval = hf.positive_int("no_rope_layer_interval", 4)
         no_rope_layers = [int((i + 1) % interval != 0) for i in range(n)]
-    chunk = hf.optional_int("attention_chunk_size")
+    if len(no_rope_layers) < n:
+        raise ConfigError(
+            f"config.json `no_rope_layers` has {len(no_rope_layers)} entries for {n} layers"
+        )
+    # vLLM chunks a RoPE layer only when attention_chunk_size is truthy: 0 is full attention.
+    chunk = hf.optional_int("attention_chunk_size") or None
     kv = kv_heads_per_rank(hf.total_num_kv_heads(), ctx.tp)
     layers = tuple(
         AttentionLayer(
@@ -264,7 +269,7 @@ def deepseek_mla(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     n = hf.num_hidden_layers
     if not hf.has("kv_lora_rank"):
         raise ConfigError("a DeepSeek MLA config needs `kv_lora_rank`")
-    latent = hf.get_int("kv_lora_rank") + hf.get_int("qk_rope_head_dim")
+    latent = hf.latent_size()
     layers = tuple(
         AttentionLayer(
             name=f"model.layers.{i}.self_attn.attn",

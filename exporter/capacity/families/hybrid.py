@@ -77,15 +77,15 @@ def mamba2_layer(
 def gdn_layer(name: str, index: int, ctx: BuildContext, hf: HfConfig, ssm_dtype: str) -> MambaLayer:
     """Gated delta net (Qwen3-Next, Qwen3.5) linear attention state."""
     tp = ctx.tp
-    nk, nv = hf.get_int("linear_num_key_heads"), hf.get_int("linear_num_value_heads")
-    hk, hv = hf.get_int("linear_key_head_dim"), hf.get_int("linear_value_head_dim")
+    nk, nv = hf.positive_int("linear_num_key_heads"), hf.positive_int("linear_num_value_heads")
+    hk, hv = hf.positive_int("linear_key_head_dim"), hf.positive_int("linear_value_head_dim")
     conv_dim = 2 * hk * nk + hv * nv
     return MambaLayer(
         name=name,
         decoder_index=index,
         shapes=(
             (
-                hf.get_int("linear_conv_kernel_dim") - 1,
+                hf.positive_int("linear_conv_kernel_dim") - 1,
                 _split(conv_dim, tp, "the GDN conv dimension"),
             ),
             (_split(nv, tp, "the number of GDN value heads"), hv, hk),
@@ -97,6 +97,16 @@ def gdn_layer(name: str, index: int, ctx: BuildContext, hf: HfConfig, ssm_dtype:
         exports_prefill_checkpoint=ctx.prefix_caching,
         checkpoint_alignment=64 if ctx.prefix_caching else 1,
     )
+
+
+def _mamba_head_dim(intermediate: int, n_heads: int, heads_key: str) -> int:
+    """The intermediate size split evenly over the Mamba heads, refused when it rounds to 0."""
+    if intermediate < n_heads:
+        raise ConfigError(
+            f"config.json `{heads_key}` ({n_heads}) is larger than the Mamba intermediate size "
+            f"({intermediate}): a head would have no size"
+        )
+    return intermediate // n_heads
 
 
 def _attention(
@@ -118,9 +128,9 @@ def _hybrid(layers: list[CacheLayer], hf: HfConfig) -> ModelLayout:
 
 @register("jamba", "JambaForCausalLM")
 def jamba(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
-    period, offset = hf.get_int("attn_layer_period", 8), hf.get_int("attn_layer_offset", 4)
-    hidden = hf.get_int("hidden_size")
-    head_size = hidden // hf.num_attention_heads  # Jamba's attention ignores head_dim
+    period, offset = hf.positive_int("attn_layer_period", 8), hf.get_int("attn_layer_offset", 4)
+    hidden = hf.positive_int("hidden_size")
+    head_size = hf.hidden_size_per_attention_head()  # Jamba's attention ignores head_dim
     layers: list[CacheLayer] = []
     for i in range(hf.num_hidden_layers):
         if i % period == offset:
@@ -131,9 +141,9 @@ def jamba(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
                     f"model.layers.{i}.mamba",
                     i,
                     ctx,
-                    intermediate=hf.get_int("mamba_expand", 2) * hidden,
-                    d_state=hf.get_int("mamba_d_state", 16),
-                    d_conv=hf.get_int("mamba_d_conv", 4),
+                    intermediate=hf.positive_int("mamba_expand", 2) * hidden,
+                    d_state=hf.positive_int("mamba_d_state", 16),
+                    d_conv=hf.positive_int("mamba_d_conv", 4),
                 )
             )
     return _hybrid(layers, hf)
@@ -155,8 +165,8 @@ def nemotron_h(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
             f"({hf.num_hidden_layers})"
         )
     # Nemotron-H keeps its SSM state in float32 unless the config or flag says otherwise.
-    ssm_dtype = ctx.ssm_dtype(hf.get("mamba_ssm_cache_dtype") or "float32")
-    n_heads, head_dim = hf.get_int("mamba_num_heads"), hf.get_int("mamba_head_dim")
+    ssm_dtype = ctx.ssm_dtype(hf.optional_str("mamba_ssm_cache_dtype") or "float32")
+    n_heads, head_dim = hf.positive_int("mamba_num_heads"), hf.positive_int("mamba_head_dim")
     layers: list[CacheLayer] = []
     for i, kind in enumerate(kinds):
         if kind == "attention":
@@ -172,11 +182,11 @@ def nemotron_h(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
                     i,
                     ctx,
                     intermediate=n_heads * head_dim,
-                    n_groups=hf.get_int("n_groups"),
+                    n_groups=hf.positive_int("n_groups"),
                     n_heads=n_heads,
                     head_dim=head_dim,
-                    d_state=hf.get_int("ssm_state_size"),
-                    d_conv=hf.get_int("conv_kernel"),
+                    d_state=hf.positive_int("ssm_state_size"),
+                    d_conv=hf.positive_int("conv_kernel"),
                     ssm_dtype=ssm_dtype,
                 )
             )
@@ -188,18 +198,22 @@ def _mamba2_from_mamba_keys(
 ) -> MambaLayer:
     """A Mamba2 layer described by `mamba_*` keys (Granite 4.0-H, Falcon-H1), with
     transformers' defaults; `mamba_d_head: "auto"` splits the intermediate size evenly."""
-    n_heads = hf.get_int("mamba_n_heads", 128)
+    n_heads = hf.positive_int("mamba_n_heads", 128)
     head_dim = hf.get("mamba_d_head", "auto")
     return mamba2_layer(
         f"model.layers.{index}.mamba",
         index,
         ctx,
         intermediate=intermediate,
-        n_groups=hf.get_int("mamba_n_groups", 1),
+        n_groups=hf.positive_int("mamba_n_groups", 1),
         n_heads=n_heads,
-        head_dim=intermediate // n_heads if head_dim == "auto" else hf.get_int("mamba_d_head"),
-        d_state=hf.get_int("mamba_d_state", 256),
-        d_conv=hf.get_int("mamba_d_conv", 4),
+        head_dim=(
+            _mamba_head_dim(intermediate, n_heads, "mamba_n_heads")
+            if head_dim == "auto"
+            else hf.positive_int("mamba_d_head")
+        ),
+        d_state=hf.positive_int("mamba_d_state", 256),
+        d_conv=hf.positive_int("mamba_d_conv", 4),
         ssm_dtype=ctx.ssm_dtype(),
     )
 
@@ -210,13 +224,13 @@ def granite_moe_hybrid(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     n = hf.num_hidden_layers
     default = hf.str_list("layers_block_type") or [LINEAR] * n
     types = layer_types(hf, [{"attention": FULL, "mamba": LINEAR}.get(t, t) for t in default])
-    hidden = hf.get_int("hidden_size")
-    intermediate = hf.get_int("mamba_expand", 2) * hidden
+    hidden = hf.positive_int("hidden_size")
+    intermediate = hf.positive_int("mamba_expand", 2) * hidden
     layers: list[CacheLayer] = []
     for i, kind in enumerate(types):
         if kind == FULL:
             # The attention layer uses hidden_size // heads, whatever head_dim says.
-            layers.append(_attention(hf, ctx, i, head_size=hidden // hf.num_attention_heads))
+            layers.append(_attention(hf, ctx, i, head_size=hf.hidden_size_per_attention_head()))
         else:
             layers.append(_mamba2_from_mamba_keys(hf, ctx, i, intermediate))
     return _hybrid(layers, hf)
@@ -225,11 +239,16 @@ def granite_moe_hybrid(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
 @register("falcon_h1", "FalconH1ForCausalLM")
 def falcon_h1(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     """Falcon-H1: every decoder layer runs attention and a Mamba2 mixer side by side."""
-    hidden = hf.get_int("hidden_size")
+    hidden = hf.positive_int("hidden_size")
     if "mamba_d_ssm" in hf.text and hf.text["mamba_d_ssm"] is None:
         intermediate = int(hf.get_float("mamba_expand", 2) * hidden)
+        if intermediate < 1:
+            raise ConfigError(
+                f"config.json `mamba_expand` x `hidden_size` ({hidden}) leaves the Mamba "
+                "intermediate size at 0"
+            )
     else:
-        intermediate = hf.get_int("mamba_d_ssm", 1024)  # transformers' default when absent
+        intermediate = hf.positive_int("mamba_d_ssm", 1024)  # transformers' default when absent
     head_size = config_head_dim(hf)
     layers: list[CacheLayer] = []
     for i in range(hf.num_hidden_layers):
@@ -246,8 +265,8 @@ def zamba2(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     block_types = hf.str_list("layers_block_type")
     if block_types is None or len(block_types) != hf.num_hidden_layers:
         raise ConfigError("a Zamba2 config needs `layers_block_type` with one entry per layer")
-    intermediate = hf.get_int("mamba_expand", 2) * hf.get_int("hidden_size")
-    n_heads = hf.get_int("n_mamba_heads")
+    intermediate = hf.positive_int("mamba_expand", 2) * hf.positive_int("hidden_size")
+    n_heads = hf.positive_int("n_mamba_heads")
     heads = hf.num_attention_heads
     layers: list[CacheLayer] = []
     for i, kind in enumerate(block_types):
@@ -258,7 +277,7 @@ def zamba2(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
                     name=f"model.layers.{i}.shared_transformer.self_attn.attn",
                     decoder_index=i,
                     num_kv_heads=kv_heads_per_rank(heads, ctx.tp),
-                    head_size=hf.get_int("attention_head_dim"),
+                    head_size=hf.positive_int("attention_head_dim"),
                 )
             )
         layers.append(
@@ -267,11 +286,12 @@ def zamba2(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
                 i,
                 ctx,
                 intermediate=intermediate,
-                n_groups=hf.get_int("mamba_ngroups", 1),
+                n_groups=hf.positive_int("mamba_ngroups", 1),
                 n_heads=n_heads,
-                head_dim=intermediate // n_heads,  # Zamba2Config recomputes mamba_headdim
-                d_state=hf.get_int("mamba_d_state"),
-                d_conv=hf.get_int("mamba_d_conv", 4),
+                # Zamba2Config recomputes mamba_headdim.
+                head_dim=_mamba_head_dim(intermediate, n_heads, "n_mamba_heads"),
+                d_state=hf.positive_int("mamba_d_state"),
+                d_conv=hf.positive_int("mamba_d_conv", 4),
                 ssm_dtype=ctx.ssm_dtype(),
             )
         )
@@ -289,10 +309,10 @@ def zamba2(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
 def qwen3_next(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
     """Qwen3-Next / Qwen3.5: gated delta net layers with a full-attention layer every few."""
     n = hf.num_hidden_layers
-    interval = hf.get_int("full_attention_interval", 4)
+    interval = hf.positive_int("full_attention_interval", 4)
     default = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(n)]
     # Qwen3.5 (not Qwen3-Next) may pin the SSM state dtype in its text config.
-    pinned = hf.get("mamba_ssm_dtype") if hf.architecture.startswith("Qwen3_5") else None
+    pinned = hf.optional_str("mamba_ssm_dtype") if hf.architecture.startswith("Qwen3_5") else None
     ssm_dtype = ctx.ssm_dtype(pinned)
     layers: list[CacheLayer] = []
     for i, kind in enumerate(layer_types(hf, default)):
