@@ -120,4 +120,3 @@ def running_exporter(
         yield exporter
     finally:
         exporter.stop()
-
