@@ -177,6 +177,11 @@ def test_label_escapes() -> None:
         ('vllm:kv_cache_usage_perc { engine = "0" , b="}" } 1', {"engine": "0", "b": "}"}),
         ('  vllm:kv_cache_usage_perc{engine="0"} 1', {"engine": "0"}),
         ('vllm:kv_cache_usage_perc{b="x # y",a="{,}"} 1', {"a": "{,}", "b": "x # y"}),
+        (
+            'vllm:kv_cache_usage_perc{\tengine\t=\t"=,"\t,\t_b9="a=b"\t,\t} 1',
+            {"engine": "=,", "_b9": "a=b"},
+        ),
+        (r'vllm:kv_cache_usage_perc{a="\"}",b="\\",} 1', {"a": '"}', "b": "\\"}),
     ],
 )
 def test_label_set_shapes(line: str, labels: dict[str, str]) -> None:
@@ -244,6 +249,19 @@ def test_crlf_line_ends() -> None:
     assert one(body).value == 0.5
 
 
+def test_first_line_leading_blanks_and_no_final_newline() -> None:
+    body = (
+        ' vllm:kv_cache_usage_perc{engine="0"} 0.5\r\n'
+        '\tvllm:kv_cache_usage_perc{engine="1"} 0.25\r\n'
+        'vllm:kv_cache_usage_perc{engine="2"} 0.125'
+    )
+    samples = parse_vllm_metrics(body)["vllm:kv_cache_usage_perc"]
+    assert by_engine(samples) == {"0": 0.5, "1": 0.25, "2": 0.125}
+    assert parse_vllm_metrics(f"{body}\n \t# EOF\r\n{MALFORMED['bad float']}") == (
+        parse_vllm_metrics(body)
+    )
+
+
 def test_families_sharing_a_prefix_are_not_read() -> None:
     body = (
         'vllm:num_requests_waiting_by_reason{reason="x"} 1\n'
@@ -302,6 +320,20 @@ def test_malformed_line_after_eof_is_ignored() -> None:
     assert parse_vllm_metrics(f"{GOOD}\n# EOF\n{MALFORMED['bad float']}\n") == parse_vllm_metrics(
         GOOD
     )
+
+
+@pytest.mark.parametrize(
+    ("labels", "reason"),
+    [
+        (r'a="\q",a="x"', "bad escape"),
+        (r'a="x",a="\q"', "bad escape"),
+        (r'a="x",a="\n"', "duplicate label a"),
+        (r'a="\n",b="x",a="y"', "duplicate label a"),
+    ],
+)
+def test_the_first_fault_in_a_label_set_is_reported(labels: str, reason: str) -> None:
+    with pytest.raises(MalformedExposition, match=f": {reason}"):
+        parse_vllm_metrics(f"vllm:kv_cache_usage_perc{{{labels}}} 1")
 
 
 def test_absurd_label_value_is_refused() -> None:
