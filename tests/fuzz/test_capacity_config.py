@@ -324,7 +324,8 @@ def test_the_minimal_configs_plan(config: dict[str, Any]) -> None:
     ],
 )
 def test_zero_divisor_fields(config: dict[str, Any], field: str) -> None:
-    refused_cleanly(config, **{field: 0})
+    zero: dict[str, Any] = {field: 0}
+    refused_cleanly(config, **zero)
 
 
 # A zero or negative head size left no worker with bytes: min() of nothing.
