@@ -111,7 +111,7 @@ class ServerPoller:
         self.stop = stop
         self.last_success = time.monotonic()
         self._model_config: ModelConfigRead | None = None
-        self._warned: set[str] = set()  # messages already logged: once per distinct problem
+        self._warned: set[str] = set()  # problems logged and still present: logged once
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -136,6 +136,9 @@ class ServerPoller:
             return
         for reason, message in reading.warnings:
             self._warn_once("cannot derive capacity", message, reason=reason)
+        # Problems that are gone are forgotten: the set holds only today's problems (messages
+        # carry figures, so it would grow over restarts), and one that comes back is logged.
+        self._warned.intersection_update(message for _, message in reading.warnings)
         self.last_success = time.monotonic()
         self.sink.publish(NAME, self.url, reading.reports, duration_s=time.monotonic() - began)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from exporter.capacity import EngineSettings
 from exporter.demo import example_config, simulated_deployment
@@ -308,6 +309,21 @@ def test_the_model_config_is_read_again_only_when_it_changes(tmp_path: Path) -> 
     with pytest.raises(ConfigError, match=re.escape(f"cannot read {config}: No such file")):
         unreadable(engine, 20_000)
     assert poller.deriver(documents) is unreadable
+
+
+def test_a_derivation_problem_is_logged_once_while_it_lasts_and_again_when_it_returns() -> None:
+    playback = Playback(metrics=GEMMA_BODY)  # no --model.config: nothing to derive from
+    with serve(playback) as url, capture_logs() as logs:
+        poller = poll(url, VllmHttpSettings(urls=(url,)), StateStore())
+        poller.poll_once()
+        playback.metrics = b""  # no engine, no problem: forgotten
+        poller.poll_once()
+        playback.metrics = GEMMA_BODY
+        poller.poll_once()
+        poller.poll_once()
+    problems = [log["error"] for log in logs if log["event"] == "cannot derive capacity"]
+    no_config = "no model config.json (give --model.config or serve a local model path)"
+    assert problems == [no_config] * 2
 
 
 def test_serve_args_are_discovered_in_a_shared_process_namespace(tmp_path: Path) -> None:
