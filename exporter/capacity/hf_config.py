@@ -32,6 +32,9 @@ MAX_CONFIG_INT = 2**63 - 1
 # The layer count bounds the work: one record per layer. No real model has more than a
 # few hundred layers; a million would take ~10 s before any answer.
 MAX_LAYERS = 100_000
+# Lengths up to this are read (and clamped to MAX_CONFIG_INT): transformers' "no limit" is
+# int(1e30); a longer number is nonsense rather than a limit.
+_NO_LIMIT = 2**128
 
 # Rope types whose factor does not stretch the context (vLLM leaves the length alone).
 # YaRN variants already have the stretched length in max_position_embeddings.
@@ -362,13 +365,14 @@ class HfConfig:
 
     def derived_max_model_len(self) -> int:
         """The model's own maximum length, the ceiling for `--max-model-len`."""
-        lengths = [self.positive_int(key) for key in _MAX_LENGTH_KEYS if self.has(key)]
+        lengths = [self._length(key) for key in _MAX_LENGTH_KEYS if self.has(key)]
         derived = min(lengths, default=_DEFAULT_MAX_MODEL_LEN)
         # Command-R / Cohere models state their usable length explicitly.
         if self.has("model_max_length"):
-            derived = self.positive_int("model_max_length")
+            derived = self._length("model_max_length")
         # Gemma 3's 128K is already scaled by its RoPE factor; vLLM does not scale it again.
-        if "gemma3" not in self.model_type:
+        # An unbounded length stays unbounded.
+        if "gemma3" not in self.model_type and derived < MAX_CONFIG_INT:
             factor: Any = 1.0
             for rope in self.rope_parameters():
                 if self._rope_type(rope) not in _ROPE_TYPES_WITHOUT_STRETCH:
@@ -382,6 +386,11 @@ class HfConfig:
             return int(scaled)
         return derived
 
+    def _length(self, key: str) -> int:
+        """A maximum length. transformers writes int(1e30) for "no limit"; such a length, and
+        any past int64, is read as int64's maximum: unbounded, yet a number vLLM would plan."""
+        return min(self.get_int(key, minimum=1, maximum=_NO_LIMIT), MAX_CONFIG_INT)
+
     def default_max_model_len(self) -> int:
         """The length vLLM serves when `--max-model-len` is not given (or is -1, before auto-fit).
 
@@ -389,7 +398,7 @@ class HfConfig:
         """
         if any(self._rope_type(rope) == "longrope" for rope in self.rope_parameters()):
             if self.has("original_max_position_embeddings"):
-                return self.positive_int("original_max_position_embeddings")
+                return self._length("original_max_position_embeddings")
             if self.model_type == "phi3":
                 return 4096  # transformers' Phi3Config default
         return self.derived_max_model_len()
@@ -398,7 +407,7 @@ class HfConfig:
         """vLLM accepts a longer `--max-model-len` only up to `model_max_length`."""
         if requested <= self.derived_max_model_len():
             return True
-        return self.has("model_max_length") and requested <= self.positive_int("model_max_length")
+        return self.has("model_max_length") and requested <= self._length("model_max_length")
 
 
 def _shown(value: Any) -> str:

@@ -508,3 +508,11 @@ def test_llama4_attention_chunk_size_0_is_full_attention() -> None:
     zero = derive_capacity({**LLAMA4, "attention_chunk_size": 0}, EngineSettings(), **BLOCKS)
     assert {group.kind for group in zero.groups} == {"full_attention"}
     assert all(group.attention_chunk_size is None for group in zero.groups)
+
+
+@pytest.mark.parametrize("no_limit", [10**30, 1e30], ids=["int", "float"])
+def test_transformers_no_limit_length_is_unbounded_not_refused(no_limit: Any) -> None:
+    # transformers writes int(1e30) for "no limit"; with --max-model-len given, vLLM serves.
+    config = {**LLAMA, "model_max_length": no_limit}
+    result = derive_capacity(config, EngineSettings(max_model_len=2048), **BLOCKS)
+    assert result == derive_capacity(LLAMA, EngineSettings(max_model_len=2048), **BLOCKS)
