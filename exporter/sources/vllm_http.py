@@ -8,7 +8,7 @@ import json
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,7 @@ class ModelConfigRead:
     path: Path
     version: FileVersion | None
     derive: Deriver
+    config: Mapping[str, Any] | None = None  # None when it could not be read
 
 
 class ServerPoller:
@@ -212,13 +213,17 @@ class ServerPoller:
         # `version` was taken before the read: a write that lands during the read changes
         # the version again, so the next poll reads the file once more.
         try:
-            derive = cached_deriver(load_model_config(path))
+            config = load_model_config(path)
         except ConfigError as error:
             self._warn_once("cannot read model config", str(error), path=str(path))
             return ModelConfigRead(path, version, unreadable_config_deriver(str(error)))
+        if replacing is not None and replacing.path == path and replacing.config == config:
+            # Touched, not changed (or a file system whose inodes and times move on their
+            # own): the cached derivations stay, and there is nothing to log.
+            return replace(replacing, version=version)
         if replacing is not None:
             log.info("model config read", target=self.url, path=str(path))
-        return ModelConfigRead(path, version, derive)
+        return ModelConfigRead(path, version, cached_deriver(config), config)
 
     def _warn_once(self, event: str, message: str, **fields: str) -> None:
         """Log a problem the first time it is seen, not on every poll that still sees it."""

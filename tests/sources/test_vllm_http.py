@@ -294,6 +294,13 @@ def test_the_model_config_is_read_again_only_when_it_changes(tmp_path: Path) -> 
     assert gemma(engine, 20_000).architecture == "Gemma3ForCausalLM"
     # Unchanged: the same deriver, with the derivations it has cached.
     assert poller.deriver(documents) is gemma
+    # Rewritten with the same content (a new inode and times): still the same deriver.
+    same = tmp_path / "config.json.same"
+    same.write_text(config.read_text())
+    same.rename(config)
+    with capture_logs() as logs:
+        assert poller.deriver(documents) is gemma
+    assert logs == []
     # Replaced (a new file renamed over it): read again.
     replacement = tmp_path / "config.json.new"
     replacement.write_text(json.dumps(example_config("llama-3.1-8b")))
