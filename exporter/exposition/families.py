@@ -59,6 +59,12 @@ _ENGINE_GAUGES = (
         "and the engine settings.",
         "derived_kv_cache_size_tokens",
     ),
+    _EngineGauge(
+        "kvcap_kv_cache_derivation_failed",
+        "1 when kvcap's capacity model could not derive the engine's capacity (the reason "
+        "is logged and in /engines as derivation_error), else 0.",
+        "derivation_failed",
+    ),
 )
 
 

@@ -65,6 +65,11 @@ class EngineView:
             return None
         return self.usage_ratio * self.kv_cache_size_tokens
 
+    @property
+    def derivation_failed(self) -> int:
+        """1 when kvcap's capacity model could not derive this engine (why: derivation_error)."""
+        return 1 if self.derivation_error else 0
+
 
 @dataclass(frozen=True, slots=True)
 class EngineGpu:

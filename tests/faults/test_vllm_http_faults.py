@@ -275,6 +275,10 @@ def derived(metrics: Scrape) -> dict[str, float]:
     return metrics.by_engine("kvcap_kv_cache_derived_capacity_tokens")
 
 
+def derivation_failed(metrics: Scrape) -> dict[str, float]:
+    return metrics.by_engine("kvcap_kv_cache_derivation_failed")
+
+
 @pytest.mark.parametrize("how", UNREADABLE)
 def test_a_model_config_unreadable_at_start_is_read_within_one_poll_once_readable(
     model_config_setup: ModelConfigSetup, how: str
@@ -319,11 +323,13 @@ def test_a_model_config_that_becomes_unreadable_drops_the_derived_capacity(
             assert metrics.by_engine("kvcap_kv_cache_capacity_tokens") == reported
             document = engines_document(deployment.url)
             assert all(str(config) in e["derivation_error"] for e in document["engines"])
+            assert set(derivation_failed(metrics).values()) == {1}
             time.sleep(2 * POLL_INTERVAL_S)  # a few more polls: still one log line
         finally:
             make_readable(config, how)
         metrics = deployment.until(lambda m: bool(derived(m)), ONE_POLL_S, "derived back")
         assert derived(metrics) == reported
+        assert set(derivation_failed(metrics).values()) == {0}
         document = engines_document(deployment.url)
         assert not any(engine["derivation_error"] for engine in document["engines"])
     # One line for the problem, not one per poll, and not again as a derivation failure.
