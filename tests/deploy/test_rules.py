@@ -35,6 +35,7 @@ RECORDS = {rule["record"]: rule for rule in ALL_RULES if "record" in rule}
 EXPECTED_ALERTS = {
     "KvcapEngineCannotHoldOneRequest",
     "KvcapCapacityMismatch",
+    "KvcapCapacityUnknown",
     "KvcapEngineStale",
     "KvcapEngineNotUpdating",
     "KvcapSourceDown",
@@ -110,6 +111,9 @@ BROKEN = {
         "\n          unless on (job, instance, engine, model_name)\n"
         "            kvcap_engine_stale == 1",
         "",
+    ),
+    "reported capacity not left out": _replace(
+        "\n          unless kvcap_kv_cache_capacity_tokens", ""
     ),
     "any job's targets": _replace('up{job=~".*kvcap.*"}', "up"),
     "description template changed": _replace("holds only", "has only"),
