@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 # Debian packages the tests use (the real Prometheus server and promtool). Installed
-# only when missing and only when we are root; CI=true makes a missing tool a failure.
+# only when missing and only when we are root; a test whose tool is missing fails.
 system-deps:
 	@if ! command -v promtool >/dev/null 2>&1 && [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing Debian package: prometheus"; \
@@ -35,7 +35,7 @@ tools: $(TOOLS)/.installed
 $(TOOLS)/.installed:
 	@if command -v npm >/dev/null 2>&1; then \
 		mkdir -p $(TOOLS) && npm install --silent --no-audit --no-fund --prefix $(TOOLS) $(NPM_TOOLS) && touch $@; \
-	else echo "npm not found: deployment tests will fail under CI=true"; fi
+	else echo "npm not found: the deployment tests will fail"; fi
 
 lint: install
 	$(BIN)/ruff check exporter tests benchmarks

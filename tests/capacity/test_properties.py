@@ -38,7 +38,7 @@ def engine_settings(draw: st.DrawFn) -> EngineSettings:
     )
 
 
-def derive_or_skip(config: dict[str, Any], engine: EngineSettings, **memory: int) -> CapacityResult:
+def derive_or_discard(config: dict[str, Any], engine: EngineSettings, **memory: int) -> CapacityResult:
     try:
         return derive_capacity(config, engine, **memory)
     except CapacityError:
@@ -59,7 +59,7 @@ COMMON = settings(max_examples=150, deadline=None, suppress_health_check=[Health
 def test_more_blocks_never_lower_capacity(
     model: str, engine: EngineSettings, blocks: int, extra: int
 ) -> None:
-    fewer = derive_or_skip(CONFIGS[model], engine, num_gpu_blocks=blocks)
+    fewer = derive_or_discard(CONFIGS[model], engine, num_gpu_blocks=blocks)
     more = derive_capacity(CONFIGS[model], engine, num_gpu_blocks=blocks + extra)
     assert more.kv_cache_size_tokens >= fewer.kv_cache_size_tokens
     assert more.max_concurrency > fewer.max_concurrency
@@ -75,7 +75,7 @@ def test_more_blocks_never_lower_capacity(
 def test_more_memory_never_lowers_capacity(
     model: str, engine: EngineSettings, memory: int, extra: int
 ) -> None:
-    less = derive_or_skip(CONFIGS[model], engine, available_kv_bytes_per_worker=memory)
+    less = derive_or_discard(CONFIGS[model], engine, available_kv_bytes_per_worker=memory)
     more = derive_capacity(CONFIGS[model], engine, available_kv_bytes_per_worker=memory + extra)
     assert more.num_gpu_blocks >= less.num_gpu_blocks
     assert more.kv_cache_size_tokens >= less.kv_cache_size_tokens
@@ -93,7 +93,7 @@ def test_tokens_are_concurrency_times_length(
 ) -> None:
     if auto_fit:
         engine = EngineSettings(**{**_fields(engine), "max_model_len": -1})
-    result = derive_or_skip(CONFIGS[model], engine, available_kv_bytes_per_worker=memory)
+    result = derive_or_discard(CONFIGS[model], engine, available_kv_bytes_per_worker=memory)
     assert result.kv_cache_size_tokens == int(result.max_concurrency * result.max_model_len)
     assert result.max_concurrency == result.num_gpu_blocks / result.blocks_per_request
     # Every worker's share of the pool fits in its memory, and the null block is spare.
@@ -120,7 +120,7 @@ def test_tensor_parallel_ranks_split_the_kv_heads(
     worker of N*M bytes would."""
     config = CONFIGS[model]
     assume(config["num_key_value_heads"] % tp == 0)
-    single = derive_or_skip(
+    single = derive_or_discard(
         config,
         EngineSettings(kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len),
         available_kv_bytes_per_worker=memory * tp,
