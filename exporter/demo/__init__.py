@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
@@ -58,6 +60,30 @@ def http_source(simulation: SimulatedVllm, poll_interval_s: float = 1.0) -> Vllm
     )
 
 
+@contextmanager
+def demo_running(
+    models: Path,
+    listen_address: str = "127.0.0.1:0",
+    web_config_file: Path | None = None,
+    poll_interval_s: float = 1.0,
+) -> Iterator[tuple[SimulatedVllm, Exporter]]:
+    """The simulated deployment (its config.json under `models`) and an exporter polling it
+    through the real vllm_http source; both stopped on exit."""
+    simulation = simulated_deployment(models / DEMO_MODEL)
+    simulation.start()
+    try:
+        exporter = Exporter(
+            [http_source(simulation, poll_interval_s)], listen_address, web_config_file
+        )
+        try:
+            exporter.start()
+            yield simulation, exporter
+        finally:
+            exporter.stop()
+    finally:
+        simulation.stop()
+
+
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "demo", help="run the exporter against a built-in simulated vLLM deployment"
@@ -89,18 +115,12 @@ def summary(exporter: Exporter, simulation: SimulatedVllm) -> str:
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     configure_logging(args.log_level, args.log_format)
     stop = StopSignals()
-    with tempfile.TemporaryDirectory(prefix="kvcap-demo-") as models:
-        simulation = simulated_deployment(Path(models) / DEMO_MODEL)
-        simulation.start()
-        exporter = Exporter(
-            [http_source(simulation)], args.web_listen_address, args.web_config_file
-        )
-        try:
-            exporter.start()
-            out.write(summary(exporter, simulation))
-            out.flush()
-            stop.wait()
-        finally:
-            exporter.stop()
-            simulation.stop()
+    with (
+        tempfile.TemporaryDirectory(prefix="kvcap-demo-") as models,
+        demo_running(Path(models), args.web_listen_address, args.web_config_file) as running,
+    ):
+        simulation, exporter = running
+        out.write(summary(exporter, simulation))
+        out.flush()
+        stop.wait()
     return 0

@@ -38,7 +38,9 @@ def engine_settings(draw: st.DrawFn) -> EngineSettings:
     )
 
 
-def derive_or_discard(config: dict[str, Any], engine: EngineSettings, **memory: int) -> CapacityResult:
+def derive_or_discard(
+    config: dict[str, Any], engine: EngineSettings, **memory: int
+) -> CapacityResult:
     try:
         return derive_capacity(config, engine, **memory)
     except CapacityError:

@@ -21,8 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.demo import DEMO_SERVED_NAME, http_source, simulated_deployment
-from exporter.serve import Exporter
+from exporter.demo import DEMO_SERVED_NAME, demo_running
 from exporter.state import GpuReport
 from exporter.state.records import GpuProcessMemory
 from tests.integration.prometheus import Prometheus
@@ -378,13 +377,9 @@ class DemoPrometheus(Prometheus):
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoPrometheus]:
     workdir = tmp_path_factory.mktemp("dashboard")
-    simulation = simulated_deployment(workdir / "models" / "gemma-3-27b-text")
-    simulation.start()
-    exporter = Exporter([http_source(simulation, poll_interval_s=0.2)], "127.0.0.1:0")
-    exporter.start()
-    # No GPUs here: publish what the NVML source would, as that source does.
-    exporter.store.publish_gpus("nvml", "local", demo_gpus())
-    try:
+    with demo_running(workdir / "models", poll_interval_s=0.2) as (_, exporter):
+        # No GPUs here: publish what the NVML source would, as that source does.
+        exporter.store.publish_gpus("nvml", "local", demo_gpus())
         server = DemoPrometheus(workdir, exporter.server.url.removeprefix("http://"))
         with server:
             for promql, count in [
@@ -406,9 +401,6 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoPrometh
                 "four scrapes",
             )
             yield server
-    finally:
-        exporter.stop()
-        simulation.stop()
 
 
 def grafana_regex_escape(value: str) -> str:

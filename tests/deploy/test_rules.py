@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.demo import DEMO_SERVED_NAME, http_source, simulated_deployment
+from exporter.demo import DEMO_SERVED_NAME, demo_running
 from exporter.demo.simulated_vllm import SimulatedVllm
-from exporter.serve import Exporter
 from tests.integration.prometheus import Prometheus
 from tests.tools import require_tool
 
@@ -251,17 +250,10 @@ class RulesPrometheus(Prometheus):
 
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[tuple[SimulatedVllm, RulesPrometheus]]:
-    simulation = simulated_deployment(tmp_path / "models" / "gemma-3-27b-text")
-    simulation.start()
-    exporter = Exporter([http_source(simulation, poll_interval_s=0.2)], "127.0.0.1:0")
-    exporter.start()
-    try:
+    with demo_running(tmp_path / "models", poll_interval_s=0.2) as (simulation, exporter):
         server = RulesPrometheus(tmp_path, exporter.server.url.removeprefix("http://"))
         with server:
             yield simulation, server
-    finally:
-        exporter.stop()
-        simulation.stop()
 
 
 def test_rules_on_a_real_prometheus(live: tuple[SimulatedVllm, RulesPrometheus]) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.demo import http_source, simulated_deployment
+from exporter.demo import demo_running
 from exporter.demo.simulated_vllm import SimulatedVllm
 from exporter.serve import Exporter
 from tests.integration.prometheus import Prometheus
@@ -15,13 +15,8 @@ from tests.integration.prometheus import Prometheus
 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[tuple[SimulatedVllm, Exporter]]:
-    simulation = simulated_deployment(tmp_path / "models" / "gemma-3-27b-text")
-    simulation.start()
-    exporter = Exporter([http_source(simulation, poll_interval_s=0.2)], "127.0.0.1:0")
-    exporter.start()
-    yield simulation, exporter
-    exporter.stop()
-    simulation.stop()
+    with demo_running(tmp_path / "models", poll_interval_s=0.2) as running:
+        yield running
 
 
 def test_prometheus_sums_engines_and_forgets_removed_ones(
