@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from exporter.errors import ConfigError
+from exporter.json_documents import NotJson, read_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,19 +40,11 @@ def load_model_config(path: Path) -> dict[str, Any]:
     """Read config.json from a file or a model directory."""
     file = model_config_file(path)
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = read_json(file.read_bytes())
     except OSError as error:
         raise ConfigError(f"cannot read {file}: {error.strerror or error}") from None
-    except (ValueError, RecursionError) as error:
-        # ValueError: not JSON, not UTF-8, or an integer of over 4,300 digits;
-        # RecursionError: nesting deeper than Python's json follows.
+    except NotJson as error:
         raise ConfigError(f"{file} is not valid JSON: {error}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{file} must hold a JSON object")
-    try:
-        # Python's json turns an escaped lone surrogate ("\\ud800") into a str no UTF-8
-        # writer accepts; kvcap's outputs are UTF-8, so such a file is refused here.
-        msgspec.json.encode(data)
-    except UnicodeEncodeError:
-        raise ConfigError(f"{file} holds a string with a lone UTF-16 surrogate") from None
     return data

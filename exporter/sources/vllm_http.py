@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import threading
 import time
 from collections.abc import Mapping
@@ -15,6 +14,7 @@ from typing import Any
 import structlog
 
 from exporter.errors import ConfigError, KvcapError
+from exporter.json_documents import NotJson, read_json
 from exporter.model_config import (
     FileVersion,
     file_version,
@@ -175,8 +175,8 @@ class ServerPoller:
                 timeout_s=self.settings.timeout_s,
                 max_bytes=min(self.settings.max_body_bytes, 2**20),
             )
-            document = json.loads(body)
-        except (FetchError, ValueError, RecursionError):  # RecursionError: absurd nesting
+            document = read_json(body)
+        except (FetchError, NotJson):
             return None
         return document if isinstance(document, Mapping) else None
 

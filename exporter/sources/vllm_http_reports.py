@@ -123,16 +123,8 @@ def read_server(
 
 
 def _json_text(value: object) -> str | None:
-    """A JSON string kvcap can export as a label, else None. Python's json turns an escaped
-    lone surrogate ("\\ud800") into a str that UTF-8 cannot encode: as a label it would
-    fail every render of /metrics."""
-    if not isinstance(value, str):
-        return None
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return None
-    return value
+    """A JSON string, else None (documents come through read_json: always encodable)."""
+    return value if isinstance(value, str) else None
 
 
 def _json_length(value: object) -> int | None:

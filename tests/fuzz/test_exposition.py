@@ -411,13 +411,3 @@ def test_a_boolean_max_model_len_is_not_a_length() -> None:
     reported = reading.reports[0].reported
     assert reported is not None
     assert reported.max_model_len is None
-
-
-def test_a_lone_surrogate_from_json_breaks_no_scrape() -> None:
-    models = json.loads('{"data": [{"id": "m\\ud800"}]}')
-    body = 'vllm:num_requests_running{engine="0"} 1\n'
-    reading = read_server(ServerDocuments(body, models), None, None)
-    store = StateStore()
-    with capture_logs():
-        store.publish("vllm_http", "http://vllm:8000", reading.reports)
-    assert ExpositionCache(store.snapshot, process_metrics=False).body().content
