@@ -90,12 +90,16 @@ class _Labels:
         if value is None:
             return None
         if value.isdigit() and value.isascii() and len(value) <= 20:
-            return int(value)  # exact, where a float would round above 2**53
-        # Tolerate `16.0`, should a release ever write an int field through a float.
-        number = self._number(key, value, "a whole number")
-        if not number.is_integer() or number >= 2**63:  # vLLM's own ints are int64 at most
-            raise self._error(key, value, "a whole number")
-        return int(number)
+            number = int(value)  # exact, where a float would round above 2**53
+        else:
+            # Tolerate `16.0`, should a release ever write an int field through a float.
+            real = self._number(key, value, "a whole number")
+            if not real.is_integer():
+                raise self._error(key, value, "a whole number")
+            number = int(real)
+        if number >= 2**63:  # vLLM's own integers are int64 at most
+            raise self._error(key, value, "a whole number below 2**63")
+        return number
 
     def real(self, key: str) -> float | None:
         """A ratio or a fraction (concurrency, memory utilisation): never negative."""

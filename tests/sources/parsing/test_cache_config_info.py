@@ -115,6 +115,7 @@ def test_large_integers_are_exact() -> None:
         ("gpu_memory_utilization", "inf"),
         ("num_gpu_blocks", "9" * 5000),
         ("num_gpu_blocks", "9" * 25),
+        ("num_gpu_blocks", "9" * 20),  # exact, yet past int64
     ],
 )
 def test_a_value_vllm_would_not_write_names_the_label(label: str, value: str) -> None:
