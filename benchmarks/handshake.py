@@ -19,10 +19,10 @@ import msgspec
 import zmq
 
 from benchmarks.common import Row, median, p99, print_rows
+from exporter.collectors.handshake import HandshakeCollector, HandshakeSettings, engine_report
 from exporter.handshake_wire import ReadyExtras, decode_extras, decode_ready, encode, ready_message
 from exporter.logs import configure_logging
 from exporter.serve import Exporter
-from exporter.sources.handshake import HandshakeSettings, HandshakeSource, engine_report
 from tests.handshake_data import HANDSHAKE, ready_for_rank
 
 RECORDING = "qwen3-next-80b-a3b-dp2-tp2.engine0.msgpack"
@@ -33,7 +33,7 @@ ROUNDS = 4  # round 0 adds the engines, later rounds restart each (a new instanc
 
 def latency(tmp: Path) -> list[float]:
     endpoint = f"ipc://{tmp}/handshake.sock"
-    source = HandshakeSource(HandshakeSettings(endpoint=endpoint, max_messages_per_s=1e6))
+    source = HandshakeCollector(HandshakeSettings(endpoint=endpoint, max_messages_per_s=1e6))
     exporter = Exporter([source], "127.0.0.1:0")
     exporter.start()
     host, port = exporter.server.url.removeprefix("http://").split(":")

@@ -25,9 +25,9 @@ from pathlib import Path
 import pynvml  # type: ignore[import-untyped]
 
 from benchmarks.common import Row, median, p99, print_rows, timed
+from exporter.collectors.nvml import NvmlPoller, NvmlSettings
+from exporter.collectors.nvml_reader import NvmlSession, load_library
 from exporter.logs import configure_logging
-from exporter.sources.nvml import NvmlPoller, NvmlSettings
-from exporter.sources.nvml_reader import NvmlSession, load_library
 from exporter.state import StateStore
 from tests.nvml.build import build_fake_nvml
 from tests.nvml.fake import FakeNvml, eight_h200s

@@ -17,7 +17,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.common import Row, print_rows
-from exporter.sources.parsing import parse_cache_config_info, parse_vllm_metrics
+from exporter.collectors.parsing import parse_cache_config_info, parse_vllm_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests/fixtures/golden/expositions/qwen3-next-80b-a3b-dp2-tp2.vllm-0.33.txt"

@@ -25,10 +25,10 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.common import Row, median, p99, print_rows
-from exporter.capacity import EngineSettings, derive_capacity
+from exporter.capacity import EngineCapacity, EngineSettings, derive_capacity
 from exporter.logs import configure_logging
 from exporter.serve import Exporter
-from exporter.state import EngineReport, KvUsage, ReportedCapacity, StateStore
+from exporter.state import EngineReport, KvUsage, StateStore
 
 ENGINES = 64
 REQUESTS = 400
@@ -58,14 +58,14 @@ def reports() -> list[EngineReport]:
         model_name="meta-llama/Llama-4-Scout-17B-16E-Instruct",
         instance_id="1",
         vllm_version="0.33.0",
-        reported=ReportedCapacity(
+        reported=EngineCapacity(
             num_gpu_blocks=derived.num_gpu_blocks,
             block_size=derived.block_size,
             kv_cache_size_tokens=derived.kv_cache_size_tokens,
-            max_concurrency=derived.max_concurrency,
+            kv_cache_max_concurrency=derived.max_concurrency,
             max_model_len=derived.max_model_len,
         ),
-        derived=derived,
+        derived=derived.capacity,
         usage=KvUsage(0.5, 10, 2),
     )
     return [replace(base, engine=str(i)) for i in range(ENGINES)]

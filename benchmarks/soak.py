@@ -146,7 +146,7 @@ def verdict(
     threads = {s[2] for s in steady}
     most_series = max(s[3] for s in samples)
     lines = final.splitlines()
-    down = [x for x in lines if x.startswith("kvcap_source_up{") and x.endswith(" 0.0")]
+    down = [x for x in lines if x.startswith("kvcap_collector_up{") and x.endswith(" 0.0")]
     stale = [x for x in lines if x.startswith("kvcap_engine_stale{") and x.endswith(" 1.0")]
     gpus = sum(1 for x in lines if x.startswith("kvcap_gpu_info{"))
     name = f"soak {seconds:.0f} s"

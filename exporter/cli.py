@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from exporter import __version__, capacity_cli, demo, serve
-from exporter import sources as _sources  # noqa: F401 (importing registers the sources)
+from exporter import collectors as _collectors  # noqa: F401 (importing registers them)
 from exporter.errors import DoesNotFit, KvcapError
 from exporter.flags import add_env_help, apply_env_defaults
 

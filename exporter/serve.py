@@ -1,4 +1,4 @@
-"""`kvcap-exporter serve`: run the sources, keep the state, serve the HTTP endpoints."""
+"""`kvcap-exporter serve`: run the collectors, keep the state, serve the HTTP endpoints."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from typing import Any
 import structlog
 
 from exporter import __version__
+from exporter.collectors import COLLECTORS, Collector, collector_priority
 from exporter.exposition import ExpositionCache
 from exporter.exposition.app import build_routes
 from exporter.logs import LEVELS, configure_logging
-from exporter.sources.registry import SOURCES, Source
 from exporter.state import StateStore
 from exporter.web import WebServer
 
@@ -55,7 +55,7 @@ def add_parser(subparsers: Any) -> None:
     )
     add_common_arguments(parser)
     collectors = parser.add_argument_group("collectors")
-    for spec in SOURCES.values():
+    for spec in COLLECTORS.values():
         collectors.add_argument(
             f"--collector.{spec.name}",
             dest=f"collector_{spec.name}",
@@ -67,31 +67,31 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def build_sources(args: argparse.Namespace) -> list[Source]:
-    sources = []
-    for spec in SOURCES.values():
+def build_collectors(args: argparse.Namespace) -> list[Collector]:
+    collectors = []
+    for spec in COLLECTORS.values():
         if not getattr(args, f"collector_{spec.name}", spec.default_enabled):
             continue
-        source = spec.build(args)
-        if source is None:
-            log.info("collector has nothing to read", collector=spec.name)
+        collector = spec.build(args)
+        if collector is None:
+            log.info("collector_has_nothing_to_read", collector=spec.name)
         else:
-            sources.append(source)
-    return sources
+            collectors.append(collector)
+    return collectors
 
 
 class Exporter:
-    """The running daemon: state, sources and web server, started and stopped together."""
+    """The running daemon: state, collectors and web server, started and stopped together."""
 
     def __init__(
         self,
-        sources: Sequence[Source],
+        collectors: Sequence[Collector],
         listen_address: str,
         web_config_file: Path | None = None,
         store: StateStore | None = None,
     ) -> None:
-        self.store = store or StateStore()
-        self.sources = list(sources)
+        self.store = store or StateStore(priority=collector_priority())
+        self.collectors = list(collectors)
         cache = ExpositionCache(self.store.snapshot)
         self.server = WebServer(
             listen_address,
@@ -101,21 +101,21 @@ class Exporter:
 
     def start(self) -> None:
         self.server.start()
-        for source in self.sources:
-            source.start(self.store)
+        for collector in self.collectors:
+            collector.start(self.store)
         log.info(
-            "kvcap exporter started",
+            "exporter_started",
             version=__version__,
             url=self.server.url,
-            collectors=[s.name for s in self.sources],
+            collectors=[c.name for c in self.collectors],
         )
 
     def stop(self) -> None:
-        budget = STOP_TIMEOUT_S / (len(self.sources) + 1)
-        for source in self.sources:
-            source.stop(budget)
+        budget = STOP_TIMEOUT_S / (len(self.collectors) + 1)
+        for collector in self.collectors:
+            collector.stop(budget)
         self.server.stop(budget)
-        log.info("kvcap exporter stopped")
+        log.info("exporter_stopped")
 
 
 class StopSignals:
@@ -136,13 +136,13 @@ class StopSignals:
 
     def wait(self) -> None:
         self.event.wait()
-        log.info("stopping", signal=self.received[0] if self.received else None)
+        log.info("exporter_stopping", signal=self.received[0] if self.received else None)
 
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
     stop = StopSignals()
-    exporter = Exporter(build_sources(args), args.web_listen_address, args.web_config_file)
+    exporter = Exporter(build_collectors(args), args.web_listen_address, args.web_config_file)
     try:
         exporter.start()
         stop.wait()

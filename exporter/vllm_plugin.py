@@ -156,7 +156,7 @@ def register() -> None:
         ]
         if missing:
             log.warning(
-                "kvcap plugin: vLLM has no %s; those hooks are off (the HTTP source still works)",
+                "kvcap plugin: vLLM has no %s; those hooks are off (vllm_http still works)",
                 ", ".join(missing),
             )
 

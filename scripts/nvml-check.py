@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from exporter.sources.nvml_reader import (
+from exporter.collectors.nvml_reader import (
     NVMLError,
     NvmlSession,
     load_library,

@@ -60,7 +60,7 @@ def url_from(line: str) -> str:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_serve_stops_cleanly_on_signals(signum: int) -> None:
     with start("serve", "--web.listen-address", "127.0.0.1:0") as process:
-        url = url_from(wait_for_log(process, "kvcap exporter started"))
+        url = url_from(wait_for_log(process, "exporter_started"))
         with urllib.request.urlopen(url + "/healthz", timeout=5) as response:
             assert response.read() == b"ok\n"
         stop_within(process, signum)
@@ -74,7 +74,7 @@ def test_environment_twins_set_flags() -> None:
         "KVCAP_LOG_LEVEL": "info",
     }
     with start("serve", env=env) as process:
-        line = wait_for_log(process, "kvcap exporter started")
+        line = wait_for_log(process, "exporter_started")
         assert line.startswith("{")
         assert '"url": "http://127.0.0.1:' in line
         stop_within(process, signal.SIGTERM)

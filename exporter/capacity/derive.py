@@ -32,6 +32,7 @@ from exporter.capacity.specs import (
     MambaSpec,
     RequestLimits,
 )
+from exporter.capacity.value import EngineCapacity, GroupCapacity, capacity_tokens
 from exporter.errors import (
     CapacityError,
     ConfigError,
@@ -46,22 +47,6 @@ class LayerKvSpec:
 
     name: str
     spec: KvCacheSpec
-
-
-@dataclass(frozen=True, slots=True)
-class GroupCapacity:
-    """One KV cache group as the scheduler of worker 0 sees it."""
-
-    kind: str
-    spec_type: str
-    num_layers: int
-    layer_names: tuple[str, ...]
-    block_size: int
-    page_size_bytes: int
-    blocks_per_request: int
-    max_memory_usage_bytes_per_request: int
-    sliding_window: int | None
-    attention_chunk_size: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +82,21 @@ class CapacityResult:
     @property
     def blocks_per_request(self) -> int:
         return sum(group.blocks_per_request for group in self.groups)
+
+    @property
+    def capacity(self) -> EngineCapacity:
+        """The figures every producer of capacity shares (the state merges these)."""
+        return EngineCapacity(
+            kv_cache_size_tokens=self.kv_cache_size_tokens,
+            kv_cache_max_concurrency=self.max_concurrency,
+            num_gpu_blocks=self.num_gpu_blocks,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            cache_dtype=self.kv_cache_dtype,
+            groups=self.groups,
+            bytes_per_block_per_worker=self.bytes_per_block_per_worker,
+            approximate=self.approximate,
+        )
 
 
 def derive_capacity(
@@ -202,7 +202,7 @@ def derive_capacity(
         ),
         max_model_len=max_model_len,
         max_num_batched_tokens=batched_tokens,
-        kv_cache_size_tokens=int(concurrency * max_model_len),
+        kv_cache_size_tokens=capacity_tokens(num_blocks, per_request, max_model_len),
         max_concurrency=concurrency,
     )
 

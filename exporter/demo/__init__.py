@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from exporter.capacity import EngineSettings
+from exporter.collectors.parsing import parse_vllm_serve_args
+from exporter.collectors.vllm_http import VllmHttpCollector, VllmHttpSettings
 from exporter.demo.simulated_vllm import SimulatedVllm
 from exporter.logs import configure_logging
 from exporter.serve import Exporter, StopSignals, add_common_arguments
-from exporter.sources.parsing import parse_vllm_serve_args
-from exporter.sources.vllm_http import VllmHttpSettings, VllmHttpSource
 
 DEMO_MODEL = "gemma-3-27b-text"
 DEMO_SERVED_NAME = "google/gemma-3-27b-it"
@@ -48,9 +48,9 @@ def simulated_deployment(model_dir: Path, data_parallel_size: int = 2) -> Simula
     )
 
 
-def http_source(simulation: SimulatedVllm, poll_interval_s: float = 1.0) -> VllmHttpSource:
-    """The real `vllm_http` source, pointed at the simulated API server."""
-    return VllmHttpSource(
+def http_collector(simulation: SimulatedVllm, poll_interval_s: float = 1.0) -> VllmHttpCollector:
+    """The real `vllm_http` collector, pointed at the simulated API server."""
+    return VllmHttpCollector(
         VllmHttpSettings(
             urls=(simulation.url,),
             poll_interval_s=poll_interval_s,
@@ -68,12 +68,12 @@ def demo_running(
     poll_interval_s: float = 1.0,
 ) -> Iterator[tuple[SimulatedVllm, Exporter]]:
     """The simulated deployment (its config.json under `models`) and an exporter polling it
-    through the real vllm_http source; both stopped on exit."""
+    through the real vllm_http collector; both stopped on exit."""
     simulation = simulated_deployment(models / DEMO_MODEL)
     simulation.start()
     try:
         exporter = Exporter(
-            [http_source(simulation, poll_interval_s)], listen_address, web_config_file
+            [http_collector(simulation, poll_interval_s)], listen_address, web_config_file
         )
         try:
             exporter.start()

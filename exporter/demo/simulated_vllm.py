@@ -1,7 +1,7 @@
 """A simulated vLLM deployment on loopback: the outermost-edge fake used by the demo and tests.
 
-It speaks vLLM 0.33's HTTP interfaces (/metrics, /v1/models, /version,
-/kv_event_sources) for a data-parallel deployment. Its capacity numbers are what vLLM
+It speaks vLLM 0.33's HTTP interfaces (/metrics, /v1/models, /version, /kv_event_sources)
+for a data-parallel deployment. Its capacity numbers are what vLLM
 would plan (from kvcap's capacity model, which reproduces vLLM's) and its load moves
 over time so dashboards have something to show.
 """

@@ -38,7 +38,7 @@ def build_routes(snapshot: Callable[[], Snapshot], cache: ExpositionCache) -> di
         current = snapshot()
         if current.ready:
             return Response(200, b"ready\n", "text/plain; charset=utf-8")
-        waiting = [f"{s.source} {s.target}" for s in current.sources if not s.has_reported]
+        waiting = [f"{s.collector} {s.target}" for s in current.collectors if not s.has_reported]
         text = "not ready: waiting for " + ", ".join(waiting) + "\n"
         return Response(503, text.encode(), "text/plain; charset=utf-8")
 
@@ -59,6 +59,7 @@ def build_routes(snapshot: Callable[[], Snapshot], cache: ExpositionCache) -> di
 
 def engine_document(view: EngineView) -> dict[str, Any]:
     document = asdict(view)
+    document["approximate"] = view.approximate
     document["used_tokens"] = view.used_tokens
     return document
 
@@ -68,15 +69,23 @@ def engines_document(current: Snapshot) -> dict[str, Any]:
         "version": __version__,
         "ready": current.ready,
         "engines": [engine_document(view) for view in current.engines],
-        "sources": [asdict(status) for status in current.sources],
+        "collectors": [asdict(status) for status in current.collectors],
     }
+
+
+def _or_dash(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _concurrency(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}x"
 
 
 def landing_page(current: Snapshot) -> str:
     rows = "".join(
         f"<tr><td>{html.escape(v.engine)}</td><td>{html.escape(v.model_name)}</td>"
-        f"<td>{v.kv_cache_size_tokens if v.kv_cache_size_tokens is not None else '-'}</td>"
-        f"<td>{'' if v.max_concurrency is None else f'{v.max_concurrency:.2f}x'}</td>"
+        f"<td>{_or_dash(v.capacity.kv_cache_size_tokens)}</td>"
+        f"<td>{_concurrency(v.capacity.kv_cache_max_concurrency)}</td>"
         f"<td>{html.escape(v.capacity_source or '-')}</td>"
         f"<td>{'stale' if v.stale else 'fresh'}</td></tr>"
         for v in current.engines
@@ -89,6 +98,6 @@ def landing_page(current: Snapshot) -> str:
         '<li><a href="/engines">/engines</a> (JSON)</li>'
         '<li><a href="/healthz">/healthz</a></li><li><a href="/readyz">/readyz</a></li></ul>'
         "<table border=1><tr><th>engine</th><th>model</th><th>capacity tokens</th>"
-        f"<th>max concurrency</th><th>source</th><th>state</th></tr>{rows}</table>"
+        f"<th>max concurrency</th><th>capacity</th><th>state</th></tr>{rows}</table>"
         "</body></html>"
     )

@@ -6,14 +6,13 @@ docs/metrics.md documents every family built here; a test keeps the two in step.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter import __version__
-from exporter.state import EngineView, Snapshot
-from exporter.state.snapshot import EngineGpu
+from exporter.state import EngineGpu, EngineView, Snapshot
 
 ENGINE_LABELS = ("engine", "model_name")
 CAPACITY_MODEL = "vllm-0.33"
@@ -23,7 +22,7 @@ CAPACITY_MODEL = "vllm-0.33"
 class _EngineGauge:
     name: str
     help: str
-    value: str  # EngineView attribute
+    value: Callable[[EngineView], float | None]
 
 
 _ENGINE_GAUGES = (
@@ -32,38 +31,44 @@ _ENGINE_GAUGES = (
         "KV cache capacity of the engine in tokens: int(max_concurrency x "
         "max_model_len), vLLM's 'GPU KV cache size'. Reported by vLLM where it "
         "reports it, else derived.",
-        "kv_cache_size_tokens",
+        lambda v: v.capacity.kv_cache_size_tokens,
     ),
     _EngineGauge(
         "kvcap_kv_cache_max_concurrency",
         "Requests of max_model_len tokens the engine's KV cache holds at once.",
-        "max_concurrency",
+        lambda v: v.capacity.kv_cache_max_concurrency,
     ),
     _EngineGauge(
-        "kvcap_kv_cache_blocks", "Blocks in the engine's shared KV cache pool.", "num_gpu_blocks"
+        "kvcap_kv_cache_blocks",
+        "Blocks in the engine's shared KV cache pool.",
+        lambda v: v.capacity.num_gpu_blocks,
     ),
     _EngineGauge(
         "kvcap_kv_cache_block_size_tokens",
         "Tokens per block (smallest block size of the prefix-cacheable groups).",
-        "block_size",
+        lambda v: v.capacity.block_size,
     ),
-    _EngineGauge("kvcap_max_model_len_tokens", "The engine's max_model_len.", "max_model_len"),
+    _EngineGauge(
+        "kvcap_max_model_len_tokens",
+        "The engine's max_model_len.",
+        lambda v: v.capacity.max_model_len,
+    ),
     _EngineGauge(
         "kvcap_kv_cache_used_tokens",
         "Tokens in use now: vllm:kv_cache_usage_perc x capacity tokens.",
-        "used_tokens",
+        lambda v: v.used_tokens,
     ),
     _EngineGauge(
         "kvcap_kv_cache_derived_capacity_tokens",
         "Capacity in tokens as kvcap's capacity model derives it from config.json "
         "and the engine settings.",
-        "derived_kv_cache_size_tokens",
+        lambda v: v.derived_kv_cache_size_tokens,
     ),
     _EngineGauge(
         "kvcap_kv_cache_derivation_failed",
         "1 when kvcap's capacity model could not derive the engine's capacity (the reason "
         "is logged and in /engines as derivation_error), else 0.",
-        "derivation_failed",
+        lambda v: v.derivation_failed,
     ),
 )
 
@@ -84,7 +89,7 @@ def engine_families(
     info = GaugeMetricFamily(
         "kvcap_engine_info",
         "Identity of a vLLM engine (one data-parallel rank); always 1.",
-        labels=[*ENGINE_LABELS, "vllm_version", "instance_id", "sources"],
+        labels=[*ENGINE_LABELS, "vllm_version", "instance_id", "collectors"],
     )
     capacity_info = GaugeMetricFamily(
         "kvcap_kv_cache_info",
@@ -118,12 +123,12 @@ def engine_families(
     )
     stale = GaugeMetricFamily(
         "kvcap_engine_stale",
-        "1 when every source of this engine failed its last read (last good data shown).",
+        "1 when every collector of this engine failed its last read (last good data shown).",
         labels=list(ENGINE_LABELS),
     )
     updated = GaugeMetricFamily(
         "kvcap_engine_last_update_timestamp_seconds",
-        "When a source last read this engine successfully (Unix time).",
+        "When a collector last read this engine successfully (Unix time).",
         labels=list(ENGINE_LABELS),
     )
     kv_bytes = GaugeMetricFamily(
@@ -171,39 +176,41 @@ def engine_families(
     for view in engines:
         ids = [view.engine, view.model_name]
         info.add_metric(
-            [*ids, _label(view.vllm_version), _label(view.instance_id), ",".join(view.sources)], 1
+            [*ids, _label(view.vllm_version), _label(view.instance_id), ",".join(view.collectors)],
+            1,
         )
         stale.add_metric(ids, 1 if view.stale else 0)
         updated.add_metric(ids, view.updated_at_s)
-        if view.kv_cache_size_tokens is not None:
+        capacity = view.capacity
+        if capacity.kv_cache_size_tokens is not None:
             capacity_info.add_metric(
                 [
                     *ids,
-                    _label(view.kv_cache_size_tokens),
-                    _label(view.max_concurrency),
-                    _label(view.num_gpu_blocks),
-                    _label(view.block_size),
-                    _label(view.max_model_len),
-                    _label(view.cache_dtype),
+                    _label(capacity.kv_cache_size_tokens),
+                    _label(capacity.kv_cache_max_concurrency),
+                    _label(capacity.num_gpu_blocks),
+                    _label(capacity.block_size),
+                    _label(capacity.max_model_len),
+                    _label(capacity.cache_dtype),
                     _label(view.capacity_source),
                     _label(view.approximate),
                 ],
                 1,
             )
         for gauge in _ENGINE_GAUGES:
-            value = getattr(view, gauge.value)
+            value = gauge.value(view)
             if value is not None:
                 gauges[gauge.name].add_metric(ids, value)
-        if view.groups:
-            blocks_per_request.add_metric(ids, sum(g.blocks_per_request for g in view.groups))
+        if capacity.blocks_per_request is not None:
+            blocks_per_request.add_metric(ids, capacity.blocks_per_request)
         if view.capacity_mismatch is not None:
             mismatch.add_metric(ids, 1 if view.capacity_mismatch else 0)
-        for worker, size in enumerate(view.kv_cache_bytes_per_worker):
+        for worker, size in enumerate(capacity.kv_cache_bytes_per_worker):
             gpu = gpu_of.get((view.engine, worker))
             kv_bytes.add_metric(
                 [*ids, str(worker), gpu.gpu if gpu else "", gpu.uuid if gpu else ""], size
             )
-        for index, group in enumerate(view.groups):
+        for index, group in enumerate(capacity.groups):
             group_ids = [*ids, str(index)]
             group_info.add_metric(
                 [
@@ -301,43 +308,41 @@ def self_families(snapshot: Snapshot) -> Iterator[Metric]:
     yield build
 
     up = GaugeMetricFamily(
-        "kvcap_source_up",
-        "1 when the source's last read of the target succeeded.",
-        labels=["source", "target"],
+        "kvcap_collector_up",
+        "1 when the collector's last read of the target succeeded.",
+        labels=["collector", "target"],
     )
     last_success = GaugeMetricFamily(
-        "kvcap_source_last_success_timestamp_seconds",
-        "When the source last read the target successfully (Unix time).",
-        labels=["source", "target"],
+        "kvcap_collector_last_success_timestamp_seconds",
+        "When the collector last read the target successfully (Unix time).",
+        labels=["collector", "target"],
     )
     success = GaugeMetricFamily(
         "kvcap_scrape_collector_success",
-        "1 when every target of the collector (source) succeeded on its last read.",
+        "1 when every target of the collector succeeded on its last read.",
         labels=["collector"],
     )
     duration = GaugeMetricFamily(
-        "kvcap_scrape_collector_duration_seconds",
-        "How long the collector's (source's) last reads took, summed over its targets.",
-        labels=["collector"],
+        "kvcap_collector_read_duration_seconds",
+        "How long the collector's last read of the target took.",
+        labels=["collector", "target"],
     )
-    by_source: dict[str, list[bool]] = {}
-    durations: dict[str, float] = {}
-    for status in snapshot.sources:
-        up.add_metric([status.source, status.target], 1 if status.up else 0)
+    ups: dict[str, list[bool]] = {}
+    for status in snapshot.collectors:
+        ids = [status.collector, status.target]
+        up.add_metric(ids, 1 if status.up else 0)
         if status.last_success_s is not None:
-            last_success.add_metric([status.source, status.target], status.last_success_s)
-        by_source.setdefault(status.source, []).append(status.up)
-        durations[status.source] = durations.get(status.source, 0.0) + (
-            status.last_duration_s or 0.0
-        )
-    for source, ups in by_source.items():
-        success.add_metric([source], 1 if all(ups) else 0)
-        duration.add_metric([source], durations[source])
+            last_success.add_metric(ids, status.last_success_s)
+        if status.last_duration_s is not None:
+            duration.add_metric(ids, status.last_duration_s)
+        ups.setdefault(status.collector, []).append(status.up)
+    for collector, found in ups.items():
+        success.add_metric([collector], 1 if all(found) else 0)
     errors = CounterMetricFamily(
-        "kvcap_source_errors",
-        "Failed reads and rejected inputs, by source and reason.",
-        labels=["source", "reason"],
+        "kvcap_collector_errors",
+        "Failed reads and rejected inputs, by collector and reason.",
+        labels=["collector", "reason"],
     )
-    for (source, reason), count in sorted(snapshot.errors.items()):
-        errors.add_metric([source, reason], count)
+    for (collector, reason), count in sorted(snapshot.errors.items()):
+        errors.add_metric([collector, reason], count)
     yield from (up, last_success, success, duration, errors)

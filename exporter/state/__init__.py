@@ -1,24 +1,28 @@
-"""Per-engine state: records sources write, the store, and the snapshot scrapes read."""
+"""Per-engine state: records collectors write, the store that owns the engines, and the
+snapshot scrapes read."""
 
 from exporter.state.records import (
     EngineReport,
     GpuProcessMemory,
     GpuReport,
     KvUsage,
-    ReportedCapacity,
+    engine_number,
+    engine_sort_key,
 )
-from exporter.state.snapshot import EngineView, Snapshot, SourceStatus
+from exporter.state.snapshot import CollectorStatus, EngineGpu, EngineView, Snapshot
 from exporter.state.store import StateSink, StateStore
 
 __all__ = [
+    "CollectorStatus",
+    "EngineGpu",
     "EngineReport",
     "EngineView",
     "GpuProcessMemory",
     "GpuReport",
     "KvUsage",
-    "ReportedCapacity",
     "Snapshot",
-    "SourceStatus",
     "StateSink",
     "StateStore",
+    "engine_number",
+    "engine_sort_key",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from exporter.capacity import EngineCapacity, capacity_tokens
 from exporter.state.records import GpuReport, engine_number
 from exporter.state.snapshot import EngineGpu, EngineView
 
@@ -14,7 +15,7 @@ def map_engine_gpus(
     """vLLM's rule (mp backend): engine k of a node with W workers per engine uses the
     logical GPUs k*W .. k*W+W-1 of CUDA_VISIBLE_DEVICES; `gpus` is in that order.
 
-    When a source knows the engine's own CUDA_VISIBLE_DEVICES entries, those name the
+    When a collector knows the engine's own CUDA_VISIBLE_DEVICES entries, those name the
     physical GPUs (by index or UUID) instead of the sidecar's view.
     """
     by_name = {gpu.uuid: gpu for gpu in gpus} | {gpu.index: gpu for gpu in gpus}
@@ -25,14 +26,14 @@ def map_engine_gpus(
     }
     mapped: list[EngineGpu] = []
     for view in engines:
-        workers = view.world_size or len(view.kv_cache_bytes_per_worker)
+        workers = view.world_size or len(view.capacity.bytes_per_block_per_worker)
         if not workers:
             continue
         local = view.local_rank if view.local_rank is not None else engine_number(view.engine)
         if local is None:
             continue
         # Only workers that can land on a known GPU are walked: a bogus worker count from
-        # some source must not turn this into a long loop under the store's lock.
+        # some collector must not turn this into a long loop under the store's lock.
         known = len(view.devices) if view.devices else max(by_logical, default=-1) + 1
         for worker in range(max(0, min(workers, known - local * workers))):
             logical = local * workers + worker
@@ -58,37 +59,36 @@ def headroom_tokens(
         workers_of.setdefault(entry.engine, []).append(entry)
     result: dict[str, int] = {}
     for view in engines:
-        extra = _extra_blocks(view, workers_of.get(view.engine, []), free)
-        per_request = sum(group.blocks_per_request for group in view.groups)
-        if (
-            extra is None
-            or not per_request
-            or not view.max_model_len
-            or view.num_gpu_blocks is None
-        ):
+        capacity = view.capacity
+        extra = _extra_blocks(capacity, workers_of.get(view.engine, []), free)
+        blocks, per_request, length = (
+            capacity.num_gpu_blocks,
+            capacity.blocks_per_request,
+            capacity.max_model_len,
+        )
+        if extra is None or blocks is None or not per_request or not length:
             continue
-        # The capacity model's formula: tokens = int(blocks / blocks per request x length).
-        now = int(view.num_gpu_blocks / per_request * view.max_model_len)
-        more = int((view.num_gpu_blocks + extra) / per_request * view.max_model_len)
-        result[view.engine] = more - now
+        more = capacity_tokens(blocks + extra, per_request, length)
+        result[view.engine] = more - capacity_tokens(blocks, per_request, length)
     return result
 
 
 def _extra_blocks(
-    view: EngineView, workers: Sequence[EngineGpu], free: Mapping[str, int]
+    capacity: EngineCapacity, workers: Sequence[EngineGpu], free: Mapping[str, int]
 ) -> int | None:
-    if not workers or view.num_gpu_blocks is None or not view.kv_cache_bytes_per_worker:
+    """Blocks the free memory of the engine's most constrained GPU would hold."""
+    per_worker = capacity.bytes_per_block_per_worker
+    if not workers or capacity.num_gpu_blocks is None or not per_worker:
         return None
-    if len(workers) != len(view.kv_cache_bytes_per_worker):
+    if len(workers) != len(per_worker):
         return None  # a worker's GPU is unknown or lost: no figure rather than a wrong one
     blocks = []
     for entry in workers:
-        if entry.worker >= len(view.kv_cache_bytes_per_worker) or entry.gpu not in free:
+        if (
+            entry.worker >= len(per_worker)
+            or entry.gpu not in free
+            or per_worker[entry.worker] <= 0
+        ):
             return None
-        bytes_per_block = view.kv_cache_bytes_per_worker[entry.worker] // max(
-            view.num_gpu_blocks, 1
-        )
-        if bytes_per_block <= 0:
-            return None
-        blocks.append(free[entry.gpu] // bytes_per_block)
+        blocks.append(free[entry.gpu] // per_worker[entry.worker])
     return min(blocks)

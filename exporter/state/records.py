@@ -1,10 +1,10 @@
-"""What sources tell the state about engines: typed, immutable records."""
+"""What collectors tell the state about engines and GPUs: typed, immutable records."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.capacity import CapacityResult, GroupCapacity
+from exporter.capacity import EngineCapacity
 
 
 def engine_number(engine: str) -> int | None:
@@ -20,21 +20,6 @@ def engine_sort_key(engine: str) -> tuple[int, int, str]:
 
 
 @dataclass(frozen=True, slots=True)
-class ReportedCapacity:
-    """Capacity numbers vLLM itself reported for one engine (any may be unknown)."""
-
-    num_gpu_blocks: int | None = None
-    block_size: int | None = None
-    kv_cache_size_tokens: int | None = None
-    max_concurrency: float | None = None
-    max_model_len: int | None = None
-    cache_dtype: str | None = None
-    # From the handshake plugin's extras: the groups and bytes per block vLLM planned.
-    groups: tuple[GroupCapacity, ...] = ()
-    bytes_per_block_per_worker: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
 class KvUsage:
     """Live load of one engine, from vLLM's own gauges."""
 
@@ -45,19 +30,20 @@ class KvUsage:
 
 @dataclass(frozen=True, slots=True)
 class EngineReport:
-    """One source's view of one engine (one data-parallel rank)."""
+    """One collector's view of one engine (one data-parallel rank)."""
 
     engine: str  # vLLM's engine index = global DP rank, as vLLM spells it in labels
     model_name: str
     instance_id: str | None = None
     vllm_version: str | None = None
-    reported: ReportedCapacity | None = None
-    derived: CapacityResult | None = None
+    # vLLM's own figures, and the capacity model's (both the one capacity type).
+    reported: EngineCapacity | None = None
+    derived: EngineCapacity | None = None
     # Why the capacity model could not derive this engine, when it could not.
     derivation_error: str | None = None
     usage: KvUsage | None = None
     # Where the engine's workers run: TP x PP workers, the engine's index among the
-    # engines of its node, and its CUDA_VISIBLE_DEVICES entries when a source knows them.
+    # engines of its node, and its CUDA_VISIBLE_DEVICES entries when a collector knows them.
     world_size: int | None = None
     local_rank: int | None = None
     devices: tuple[str, ...] = ()

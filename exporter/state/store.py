@@ -1,45 +1,52 @@
-"""The per-engine state: sources write into it, the scrape path reads its snapshot."""
+"""The state: it alone holds the engine set; collectors write changes, scrapes read snapshots."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import structlog
 
 from exporter.state.gpus import headroom_tokens, map_engine_gpus
-from exporter.state.records import EngineReport, GpuReport
+from exporter.state.records import EngineReport, GpuReport, engine_sort_key
 from exporter.state.snapshot import (
     EMPTY,
+    CollectorStatus,
+    EngineView,
+    Sighting,
     Snapshot,
-    SourceReports,
-    SourceStatus,
-    build_engine_views,
+    merge_engine,
 )
 
 log = structlog.get_logger("kvcap.state")
 
 
 class StateSink(Protocol):
-    """What a source may do to the state. Sources never read it."""
+    """What a collector may tell the state. Collectors never read it."""
 
-    def register_target(self, source: str, target: str) -> None: ...
+    def register_target(self, collector: str, target: str) -> None: ...
 
     def publish(
         self,
-        source: str,
+        collector: str,
         target: str,
         reports: Sequence[EngineReport],
         *,
         duration_s: float | None = None,
     ) -> None: ...
 
+    def update_engine(self, collector: str, target: str, report: EngineReport) -> None: ...
+
+    def remove_engine(
+        self, collector: str, target: str, engine: str, instance_id: str | None
+    ) -> None: ...
+
     def fail(
         self,
-        source: str,
+        collector: str,
         target: str,
         reason: str,
         message: str,
@@ -48,35 +55,49 @@ class StateSink(Protocol):
         stale: bool = True,
     ) -> None: ...
 
-    def reject(self, source: str, target: str, reason: str, message: str) -> None: ...
+    def reject(self, collector: str, target: str, reason: str, message: str) -> None: ...
 
     def publish_gpus(
         self,
-        source: str,
+        collector: str,
         target: str,
         gpus: Sequence[GpuReport],
         *,
         duration_s: float | None = None,
     ) -> None: ...
 
-    def forget(self, source: str, target: str, engine: str | None = None) -> None: ...
+
+@dataclass(frozen=True, slots=True)
+class _Heard:
+    report: EngineReport
+    received_at_s: float
 
 
 @dataclass(slots=True)
 class _Target:
-    status: SourceStatus
-    reports: SourceReports | None = None
+    status: CollectorStatus
+    engines: dict[str, _Heard] = field(default_factory=dict)
+    stale: bool = False
 
 
 class StateStore:
-    """Thread-safe holder of every source's last good reports.
+    """Thread-safe holder of the engines every collector target reported, and their health.
 
     Each change builds a new immutable `Snapshot` and swaps it in, so a scrape reads one
-    consistent view without locks. Errors keep the last good data, marked stale.
+    consistent view without locks. Errors keep the last good data, marked stale. Engine
+    changes (added, restarted, vanished) are logged here, once per engine, whichever
+    collectors see them.
+
+    `priority` ranks collectors by name (0 best): when two describe one engine, each
+    figure comes from the best one that knows it. It comes from the collectors'
+    registrations; a collector missing from it ranks last.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.time, *, priority: Mapping[str, int] | None = None
+    ) -> None:
         self._clock = clock
+        self._priority = dict(priority or {})
         self._lock = threading.Lock()
         self._targets: dict[tuple[str, str], _Target] = {}
         self._errors: dict[tuple[str, str], int] = {}
@@ -87,14 +108,14 @@ class StateStore:
     def snapshot(self) -> Snapshot:
         return self._snapshot
 
-    def register_target(self, source: str, target: str) -> None:
+    def register_target(self, collector: str, target: str) -> None:
         with self._lock:
-            self._target(source, target)
-            self._rebuild()
+            self._target(collector, target)
+            self._rebuild(collector, engines_changed=False)
 
     def publish(
         self,
-        source: str,
+        collector: str,
         target: str,
         reports: Sequence[EngineReport],
         *,
@@ -103,24 +124,36 @@ class StateStore:
         """A successful read: these are all the engines this target has now."""
         now = self._clock()
         with self._lock:
-            entry = self._target(source, target)
-            self._log_changes(entry, reports)
-            if not entry.status.up and entry.status.has_reported:
-                log.info("source recovered", source=source, target=target)
-            entry.reports = SourceReports(source, target, tuple(reports), now, stale=False)
-            entry.status = replace(
-                entry.status,
-                up=True,
-                has_reported=True,
-                last_success_s=now,
-                last_duration_s=duration_s,
-                last_error=None,
-            )
-            self._rebuild()
+            entry = self._target(collector, target)
+            entry.engines = {report.engine: _Heard(report, now) for report in reports}
+            entry.stale = False
+            self._succeeded(entry, now, duration_s)
+            self._rebuild(collector)
+
+    def update_engine(self, collector: str, target: str, report: EngineReport) -> None:
+        """One engine of this target appeared or changed; its other engines stay."""
+        now = self._clock()
+        with self._lock:
+            entry = self._target(collector, target)
+            entry.engines[report.engine] = _Heard(report, now)
+            self._rebuild(collector)
+
+    def remove_engine(
+        self, collector: str, target: str, engine: str, instance_id: str | None
+    ) -> None:
+        """One engine left (a clean shutdown). The word of an older instance of the engine
+        does not remove its restarted successor."""
+        with self._lock:
+            entry = self._targets.get((collector, target))
+            heard = entry.engines.get(engine) if entry else None
+            if entry is None or heard is None or heard.report.instance_id != instance_id:
+                return
+            del entry.engines[engine]
+            self._rebuild(collector)
 
     def fail(
         self,
-        source: str,
+        collector: str,
         target: str,
         reason: str,
         message: str,
@@ -129,20 +162,22 @@ class StateStore:
         stale: bool = True,
     ) -> None:
         """A failed read: count it and keep the last good data, marked stale unless the
-        source says it is still within its freshness window."""
+        collector says it is still within its freshness window."""
         with self._lock:
-            entry = self._target(source, target)
+            entry = self._target(collector, target)
             if entry.status.up or not entry.status.has_reported:
                 # Log once per state change, not once per poll.
                 log.warning(
-                    "source failed", source=source, target=target, reason=reason, error=message
+                    "collector_failed",
+                    collector=collector,
+                    target=target,
+                    reason=reason,
+                    error=message,
                 )
-            key = (source, reason)
-            self._errors[key] = self._errors.get(key, 0) + 1
-            if entry.reports is not None and stale:
-                entry.reports = replace(entry.reports, stale=True)
+            self._count(collector, reason)
+            entry.stale = entry.stale or stale
             # GPU figures are live readings: a failed read leaves none rather than old ones.
-            self._gpus.pop((source, target), None)
+            self._gpus.pop((collector, target), None)
             entry.status = replace(
                 entry.status,
                 up=False,
@@ -150,11 +185,11 @@ class StateStore:
                 last_duration_s=duration_s,
                 last_error=f"{reason}: {message}",
             )
-            self._rebuild()
+            self._rebuild(collector)
 
     def publish_gpus(
         self,
-        source: str,
+        collector: str,
         target: str,
         gpus: Sequence[GpuReport],
         *,
@@ -164,53 +199,36 @@ class StateStore:
         the engines' workers number them."""
         now = self._clock()
         with self._lock:
-            entry = self._target(source, target)
-            if not entry.status.up and entry.status.has_reported:
-                log.info("source recovered", source=source, target=target)
-            self._gpus[(source, target)] = tuple(gpus)
-            entry.status = replace(
-                entry.status,
-                up=True,
-                has_reported=True,
-                last_success_s=now,
-                last_duration_s=duration_s,
-                last_error=None,
-            )
-            self._rebuild()
+            entry = self._target(collector, target)
+            self._gpus[(collector, target)] = tuple(gpus)
+            self._succeeded(entry, now, duration_s)
+            self._rebuild(collector, engines_changed=False)
 
-    def reject(self, source: str, target: str, reason: str, message: str) -> None:
-        """A bad input that did not stop the source (a malformed frame): count it, log the
-        first of each reason, and change nothing else."""
+    def reject(self, collector: str, target: str, reason: str, message: str) -> None:
+        """A bad input that did not stop the collector (a malformed frame): count it, log
+        the first of each reason, and change nothing else."""
         with self._lock:
-            key = (source, reason)
-            if key not in self._errors:
+            if (collector, reason) not in self._errors:
                 log.warning(
-                    "input rejected", source=source, target=target, reason=reason, error=message
+                    "input_rejected",
+                    collector=collector,
+                    target=target,
+                    reason=reason,
+                    error=message,
                 )
-            self._errors[key] = self._errors.get(key, 0) + 1
-            self._rebuild(engines_changed=False)
+            self._count(collector, reason)
+            self._rebuild(collector, engines_changed=False)
 
-    def forget(self, source: str, target: str, engine: str | None = None) -> None:
-        """Drop an engine (clean shutdown) or every engine of a target."""
-        with self._lock:
-            entry = self._targets.get((source, target))
-            if entry is None or entry.reports is None:
-                return
-            kept = tuple(
-                r for r in entry.reports.reports if engine is not None and r.engine != engine
-            )
-            for report in entry.reports.reports:
-                if report not in kept:
-                    log.info("engine removed", source=source, target=target, engine=report.engine)
-            entry.reports = replace(entry.reports, reports=kept)
-            self._rebuild()
+    def _count(self, collector: str, reason: str) -> None:
+        key = (collector, reason)
+        self._errors[key] = self._errors.get(key, 0) + 1
 
-    def _target(self, source: str, target: str) -> _Target:
-        key = (source, target)
+    def _target(self, collector: str, target: str) -> _Target:
+        key = (collector, target)
         if key not in self._targets:
             self._targets[key] = _Target(
-                SourceStatus(
-                    source,
+                CollectorStatus(
+                    collector,
                     target,
                     up=False,
                     has_reported=False,
@@ -221,46 +239,46 @@ class StateStore:
             )
         return self._targets[key]
 
-    def _log_changes(self, entry: _Target, reports: Sequence[EngineReport]) -> None:
-        before = {r.engine: r for r in entry.reports.reports} if entry.reports else {}
-        after = {r.engine: r for r in reports}
-        source, target = entry.status.source, entry.status.target
-        for engine, report in after.items():
-            old = before.get(engine)
-            if old is None:
-                log.info(
-                    "engine added",
-                    source=source,
-                    target=target,
-                    engine=engine,
-                    model_name=report.model_name,
-                )
-            elif old.instance_id != report.instance_id or _blocks(old) != _blocks(report):
-                # The HTTP source sees no instance id; a new block count means a restart.
-                log.info(
-                    "engine restarted",
-                    source=source,
-                    target=target,
-                    engine=engine,
-                    instance_id=report.instance_id,
-                    num_gpu_blocks=_blocks(report),
-                )
-        for engine in before.keys() - after.keys():
-            log.info("engine vanished", source=source, target=target, engine=engine)
+    def _succeeded(self, entry: _Target, now: float, duration_s: float | None) -> None:
+        status = entry.status
+        if not status.up and status.has_reported:
+            log.info("collector_recovered", collector=status.collector, target=status.target)
+        entry.status = replace(
+            status,
+            up=True,
+            has_reported=True,
+            last_success_s=now,
+            last_duration_s=duration_s,
+            last_error=None,
+        )
 
-    def _rebuild(self, *, engines_changed: bool = True) -> None:
+    def _rank(self, key: tuple[str, str]) -> tuple[int, str, str]:
+        return (self._priority.get(key[0], len(self._priority)), *key)
+
+    def _views(self) -> tuple[EngineView, ...]:
+        """One view per engine index, sorted numerically as vLLM numbers engines."""
+        sightings: dict[str, list[Sighting]] = {}
+        for key in sorted(self._targets, key=self._rank):
+            entry = self._targets[key]
+            for engine, heard in entry.engines.items():
+                sightings.setdefault(engine, []).append(
+                    Sighting(key[0], heard.report, heard.received_at_s, entry.stale)
+                )
+        views = [merge_engine(found) for found in sightings.values()]
+        return tuple(sorted(views, key=lambda view: engine_sort_key(view.engine)))
+
+    def _rebuild(self, collector: str, *, engines_changed: bool = True) -> None:
         self._version += 1
+        engines = self._snapshot.engines
         if engines_changed:
-            entries = [t.reports for t in self._targets.values() if t.reports is not None]
-            engines = build_engine_views(entries)
-        else:
-            engines = self._snapshot.engines
+            engines = self._views()
+            _log_changes(collector, self._snapshot.engines, engines)
         gpus = tuple(gpu for _, found in sorted(self._gpus.items()) for gpu in found)
         engine_gpus = map_engine_gpus(engines, gpus)
         self._snapshot = Snapshot(
             version=self._version,
             engines=engines,
-            sources=tuple(t.status for _, t in sorted(self._targets.items())),
+            collectors=tuple(t.status for _, t in sorted(self._targets.items())),
             errors=dict(self._errors),
             gpus=gpus,
             engine_gpus=engine_gpus,
@@ -269,5 +287,29 @@ class StateStore:
         )
 
 
-def _blocks(report: EngineReport) -> int | None:
-    return report.reported.num_gpu_blocks if report.reported else None
+def _log_changes(collector: str, before: Sequence[EngineView], after: Sequence[EngineView]) -> None:
+    """One line per engine that appeared, restarted or vanished, over all collectors."""
+    old = {view.engine: view for view in before}
+    new = {view.engine: view for view in after}
+    for engine, view in new.items():
+        was = old.get(engine)
+        if was is None:
+            log.info("engine_added", collector=collector, engine=engine, model_name=view.model_name)
+        elif _restarted(was, view):
+            log.info(
+                "engine_restarted",
+                collector=collector,
+                engine=engine,
+                instance_id=view.instance_id,
+                num_gpu_blocks=view.capacity.num_gpu_blocks,
+            )
+    for engine in old.keys() - new.keys():
+        log.info("engine_vanished", collector=collector, engine=engine)
+
+
+def _restarted(was: EngineView, now: EngineView) -> bool:
+    # A new instance id is a restart; where one is unknown (the HTTP collector sees
+    # none), a new block count is one.
+    if was.instance_id is not None and now.instance_id is not None:
+        return was.instance_id != now.instance_id
+    return was.capacity.num_gpu_blocks != now.capacity.num_gpu_blocks

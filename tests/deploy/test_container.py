@@ -503,7 +503,7 @@ def test_daemon_runs_non_root_on_a_read_only_root(daemon: Daemon) -> None:
     assert wait_for(daemon, "/healthz") == "ok\n"
     metrics = wait_for(daemon, "/metrics")
     assert "kvcap_build_info{" in metrics
-    assert re.search(r'kvcap_source_up\{[^}]*source="handshake"', metrics), metrics
+    assert re.search(r'kvcap_collector_up\{[^}]*collector="handshake"', metrics), metrics
     wait_for(daemon, "/readyz")  # the vllm_http source has seen its first (refused) poll
 
     # The process: the image's user, no capabilities, no way to gain privileges.
@@ -530,7 +530,7 @@ def test_daemon_runs_non_root_on_a_read_only_root(daemon: Daemon) -> None:
         counted = None
         while counted is None and time.monotonic() < deadline:
             counted = re.search(
-                r'kvcap_source_errors_total\{[^}]*source="handshake"[^}]*\} 1\.0',
+                r'kvcap_collector_errors_total\{[^}]*collector="handshake"[^}]*\} 1\.0',
                 get(daemon.url + "/metrics")[1],
             )
             time.sleep(0.1)

@@ -169,9 +169,9 @@ def test_queries_use_only_documented_metrics() -> None:
         "kvcap_gpu_memory_used_bytes",
         "kvcap_gpu_memory_free_bytes",
         "kvcap_kv_cache_headroom_tokens",
-        "kvcap_source_up",
-        "kvcap_source_errors_total",
-        "kvcap_scrape_collector_duration_seconds",
+        "kvcap_collector_up",
+        "kvcap_collector_errors_total",
+        "kvcap_collector_read_duration_seconds",
         "kvcap_build_info",
     ):
         assert metric in used, metric

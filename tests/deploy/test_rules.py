@@ -37,7 +37,7 @@ EXPECTED_ALERTS = {
     "KvcapCapacityUnknown",
     "KvcapEngineStale",
     "KvcapEngineNotUpdating",
-    "KvcapSourceDown",
+    "KvcapCollectorDown",
     "KvcapGpuMemoryNearlyFull",
     "KvcapExporterDown",
 }
@@ -104,7 +104,7 @@ BROKEN = {
         "kvcap_kv_cache_capacity_tokens",
     ),
     "handshake-only engines not left out": _replace(
-        'kvcap_engine_info{sources=~"(.*,)?vllm_http(,.*)?"}', "kvcap_engine_info"
+        'kvcap_engine_info{collectors=~"(.*,)?vllm_http(,.*)?"}', "kvcap_engine_info"
     ),
     "stale engines not left out": _replace(
         "\n          unless on (job, instance, engine, model_name)\n"
@@ -295,17 +295,17 @@ def test_rules_on_a_real_prometheus(live: tuple[SimulatedVllm, RulesPrometheus])
         ),
         "KvcapEngineStale pending for both engines",
     )
-    (down,) = prometheus.query('ALERTS{alertname="KvcapSourceDown"}')
+    (down,) = prometheus.query('ALERTS{alertname="KvcapCollectorDown"}')
     assert down["metric"] | {"target": ""} == {
         "__name__": "ALERTS",
-        "alertname": "KvcapSourceDown",
+        "alertname": "KvcapCollectorDown",
         "alertstate": "pending",
         "severity": "warning",
         "job": "demo/kvcap-exporter",
         "instance": prometheus.query("up")[0]["metric"]["instance"],
         "namespace": NAMESPACE,
         "pod": POD,
-        "source": "vllm_http",
+        "collector": "vllm_http",
         "target": "",
     }
     assert down["metric"]["target"] == vllm_url

@@ -42,8 +42,8 @@ def test_engine_values_are_per_engine_and_sum_in_promql_terms() -> None:
     assert models == {"0": "Qwen/Qwen3-Next-80B-A3B-Instruct", "1": "google/gemma-3-27b-it"}
     groups = families["kvcap_kv_cache_group_info"].samples
     assert {s.labels["kind"] for s in groups} == {"full_attention", "sliding_window", "mamba"}
-    assert families["kvcap_source_errors"].samples[0].labels == {
-        "source": "nvml",
+    assert families["kvcap_collector_errors"].samples[0].labels == {
+        "collector": "nvml",
         "reason": "driver_not_loaded",
     }
 

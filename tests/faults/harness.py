@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.collectors.registry import Collector
 from exporter.serve import Exporter
-from exporter.sources.registry import Source
 from exporter.state import StateStore
 
 T = TypeVar("T")
@@ -111,7 +111,7 @@ def engines_document(base_url: str) -> dict[str, Any]:
 
 @contextmanager
 def running_exporter(
-    sources: Sequence[Source], store: StateStore | None = None
+    sources: Sequence[Collector], store: StateStore | None = None
 ) -> Iterator[Exporter]:
     """The real daemon (sources, state, web server) on a free loopback port."""
     exporter = Exporter(sources, "127.0.0.1:0", store=store)

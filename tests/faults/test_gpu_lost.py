@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import pytest
 from structlog.testing import capture_logs
 
+from exporter.collectors.handshake import HandshakeReceiver, HandshakeSettings
+from exporter.collectors.nvml import NvmlCollector, NvmlSettings
 from exporter.handshake_wire import ready_message
 from exporter.serve import Exporter
-from exporter.sources.handshake import HandshakeReceiver, HandshakeSettings
-from exporter.sources.nvml import NvmlSettings, NvmlSource
 from exporter.state import StateStore
 from tests.conftest import GOLDEN
 from tests.faults.harness import (
@@ -50,14 +50,15 @@ def publish_engines(store: StateStore) -> None:
             pid=None,
         )
         receiver.handle(ready_message((HANDSHAKE / frame["file"]).read_bytes(), extras))
-    assert receiver.accepted == 2
+    assert not store.snapshot().errors
+    assert [view.engine for view in store.snapshot().engines] == ["0", "1"]
 
 
 @pytest.fixture
 def daemon(fake_nvml: FakeNvml) -> Iterator[Exporter]:
     fake_nvml.write(eight_h200s())
     store = StateStore()
-    source = NvmlSource(
+    source = NvmlCollector(
         NvmlSettings(poll_interval_s=POLL_INTERVAL_S, library_path=str(fake_nvml.library))
     )
     with capture_logs(), running_exporter([source], store=store) as exporter:
@@ -81,7 +82,7 @@ def engine_gpus(metrics: Scrape) -> set[tuple[str, str, str]]:
 
 
 def gpu_lost_errors(metrics: Scrape) -> float:
-    return metrics.value("kvcap_source_errors_total", source="nvml", reason="gpu_lost") or 0.0
+    return metrics.value("kvcap_collector_errors_total", collector="nvml", reason="gpu_lost") or 0.0
 
 
 def test_a_lost_gpu_takes_out_only_what_depends_on_it_and_comes_back(
@@ -107,7 +108,7 @@ def test_a_lost_gpu_takes_out_only_what_depends_on_it_and_comes_back(
     assert ("1", "0", "2") not in engine_gpus(lost)
     # The engines' capacity does not depend on NVML at all.
     assert lost.by_engine("kvcap_kv_cache_capacity_tokens") == capacity
-    assert lost.value("kvcap_source_up", source="nvml") == 1  # seven GPUs still answer
+    assert lost.value("kvcap_collector_up", collector="nvml") == 1  # seven GPUs still answer
 
     fake_nvml.write(eight_h200s())
     back, _ = scrape_until(

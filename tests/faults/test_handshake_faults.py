@@ -18,9 +18,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from exporter.collectors.handshake import HandshakeCollector, HandshakeSettings
 from exporter.errors import ConfigError
 from exporter.handshake_wire import bye_message, ready_message
-from exporter.sources.handshake import HandshakeSettings, HandshakeSource
 from exporter.state import Snapshot, StateStore
 from exporter.vllm_plugin import ProcessState
 from tests.conftest import GOLDEN
@@ -42,15 +42,15 @@ def ready(rank: int, instance_id: str, num_gpu_blocks: int = 27904) -> list[byte
 
 
 def engines(snapshot: Snapshot) -> dict[str, tuple[str | None, int | None]]:
-    return {v.engine: (v.instance_id, v.num_gpu_blocks) for v in snapshot.engines}
+    return {v.engine: (v.instance_id, v.capacity.num_gpu_blocks) for v in snapshot.engines}
 
 
 class Sidecar:
-    """A HandshakeSource and its store, started on `endpoint`."""
+    """A HandshakeCollector and its store, started on `endpoint`."""
 
     def __init__(self, endpoint: str) -> None:
         self.store = StateStore()
-        self.source = HandshakeSource(HandshakeSettings(endpoint=endpoint))
+        self.source = HandshakeCollector(HandshakeSettings(endpoint=endpoint))
         self.source.start(self.store)
 
     def stop(self) -> None:
@@ -178,7 +178,7 @@ def read_only_directory() -> Iterator[Path]:
 
 def test_a_read_only_socket_directory_is_a_config_error(read_only_directory: Path) -> None:
     endpoint = f"ipc://{read_only_directory}/handshake.sock"
-    source = HandshakeSource(HandshakeSettings(endpoint=endpoint))
+    source = HandshakeCollector(HandshakeSettings(endpoint=endpoint))
     try:
         with pytest.raises(ConfigError, match=r"--handshake\.listen"):
             source.start(StateStore())
@@ -217,7 +217,7 @@ def test_a_socket_directory_that_cannot_be_created_is_a_config_error(
         directory = tmp_path / "file" / "kvcap"
     else:
         directory = read_only_directory / "kvcap-test-missing"
-    source = HandshakeSource(HandshakeSettings(endpoint=f"ipc://{directory}/handshake.sock"))
+    source = HandshakeCollector(HandshakeSettings(endpoint=f"ipc://{directory}/handshake.sock"))
     try:
         with pytest.raises(ConfigError, match=r"--handshake\.listen"):
             source.start(StateStore())

@@ -23,8 +23,9 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families as text_families
 from structlog.testing import capture_logs
 
+from exporter.capacity import EngineCapacity
 from exporter.exposition import ExpositionCache
-from exporter.state import EngineReport, ReportedCapacity, StateStore
+from exporter.state import EngineReport, StateStore
 from tests.faults.harness import running_exporter
 
 SCRAPERS = 4
@@ -57,11 +58,11 @@ def generation(number: int) -> list[EngineReport]:
             model_name="m",
             instance_id=f"gen-{number}",
             vllm_version="0.33.0",
-            reported=ReportedCapacity(
+            reported=EngineCapacity(
                 num_gpu_blocks=blocks,
                 block_size=16,
                 kv_cache_size_tokens=16 * blocks,
-                max_concurrency=16 * blocks / 4096,
+                kv_cache_max_concurrency=16 * blocks / 4096,
                 max_model_len=4096,
             ),
         )

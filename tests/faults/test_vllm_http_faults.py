@@ -19,13 +19,14 @@ import pytest
 from structlog.testing import capture_logs
 
 from exporter.capacity import derive_capacity
-from exporter.demo import example_config, http_source, simulated_deployment
+from exporter.collectors.http_fetch import fetch
+from exporter.collectors.parsing import parse_vllm_serve_args
+from exporter.collectors.vllm_http import ServerPoller, VllmHttpCollector, VllmHttpSettings
+from exporter.demo import example_config, http_collector, simulated_deployment
 from exporter.demo.simulated_vllm import SimulatedVllm
 from exporter.serve import Exporter
-from exporter.sources.http_fetch import fetch
-from exporter.sources.parsing import parse_vllm_serve_args
-from exporter.sources.vllm_http import ServerPoller, VllmHttpSettings, VllmHttpSource
 from exporter.state import StateStore
+from tests.collectors.recorded_vllm import Playback, serve
 from tests.faults.harness import (
     POLL_INTERVAL_S,
     SLACK_S,
@@ -36,11 +37,10 @@ from tests.faults.harness import (
     scrape_until,
     wait_for,
 )
-from tests.sources.recorded_vllm import Playback, serve
 
 STALE_AFTER_S = 3 * POLL_INTERVAL_S
 ONE_POLL_S = POLL_INTERVAL_S + SLACK_S
-ERRORS = "kvcap_source_errors_total"
+ERRORS = "kvcap_collector_errors_total"
 NETWORK_REASONS = {"connection_refused", "connection_reset", "network"}
 
 
@@ -71,9 +71,9 @@ class Deployment:
         self.simulation.start(port=self.port)
 
 
-def source_for(simulation: SimulatedVllm, model_config: Path | None = None) -> VllmHttpSource:
-    source = http_source(simulation, poll_interval_s=POLL_INTERVAL_S)
-    return VllmHttpSource(replace(source.settings, timeout_s=1.0, model_config=model_config))
+def source_for(simulation: SimulatedVllm, model_config: Path | None = None) -> VllmHttpCollector:
+    source = http_collector(simulation, poll_interval_s=POLL_INTERVAL_S)
+    return VllmHttpCollector(replace(source.settings, timeout_s=1.0, model_config=model_config))
 
 
 @pytest.fixture
@@ -94,7 +94,7 @@ def fresh(metrics: Scrape, engines: int) -> bool:
     return (
         len(stale) == engines
         and not any(stale.values())
-        and metrics.value("kvcap_source_up", source="vllm_http") == 1
+        and metrics.value("kvcap_collector_up", collector="vllm_http") == 1
     )
 
 
@@ -103,7 +103,7 @@ def errors(metrics: Scrape) -> float:
     return sum(
         value
         for labels, value in metrics.samples.get(ERRORS, [])
-        if labels["source"] == "vllm_http" and labels["reason"] in NETWORK_REASONS
+        if labels["collector"] == "vllm_http" and labels["reason"] in NETWORK_REASONS
     )
 
 
@@ -119,7 +119,7 @@ def test_a_killed_vllm_is_down_within_one_poll_and_stale_after_the_ttl(
         deployment.kill()
         killed = time.monotonic()
         down = deployment.until(
-            lambda m: m.value("kvcap_source_up", source="vllm_http") == 0,
+            lambda m: m.value("kvcap_collector_up", collector="vllm_http") == 0,
             ONE_POLL_S,
             "source down after the kill",
         )
@@ -138,7 +138,7 @@ def test_a_killed_vllm_is_down_within_one_poll_and_stale_after_the_ttl(
     assert stale.by_engine("kvcap_kv_cache_capacity_tokens") == capacity
     assert stale.value("kvcap_scrape_collector_success", collector="vllm_http") == 0
     # One log line for the state change, not one per failed poll.
-    assert [e["event"] for e in logs if e["event"] == "source failed"] == ["source failed"]
+    assert [e["event"] for e in logs if e["event"] == "collector_failed"] == ["collector_failed"]
     assert errors(stale) >= 3
 
 
@@ -167,7 +167,7 @@ def test_a_restarted_vllm_is_fresh_within_one_poll_interval(deployment: Deployme
         )
     # Errors are counters: the restart does not reset them.
     assert errors(metrics) >= errors(down)
-    assert [e for e in logs if e["event"] == "source recovered"]
+    assert [e for e in logs if e["event"] == "collector_recovered"]
 
 
 # --- engines restarting behind a running server ------------------------------------------
@@ -204,10 +204,10 @@ def test_engine_restarts_and_removals_are_picked_up_within_one_poll(
             ONE_POLL_S,
             "engine 1 removed",
         )
-    restarts = [e for e in logs if e["event"] == "engine restarted"]
+    restarts = [e for e in logs if e["event"] == "engine_restarted"]
     assert sorted(e["engine"] for e in restarts) == ["0", "1"]
     assert {e["num_gpu_blocks"] for e in restarts} == {plan.num_gpu_blocks}
-    assert [e["engine"] for e in logs if e["event"] == "engine vanished"] == ["1"]
+    assert [e["engine"] for e in logs if e["event"] == "engine_vanished"] == ["1"]
 
 
 # --- the model's config.json unreadable --------------------------------------------------
@@ -245,7 +245,7 @@ class ModelConfigSetup:
     """A simulated vLLM and a vllm_http source given --model.config (read from disk)."""
 
     simulation: SimulatedVllm
-    source: VllmHttpSource
+    source: VllmHttpCollector
     port: int
     model_dir: Path
 
@@ -300,7 +300,7 @@ def test_a_model_config_unreadable_at_start_is_read_within_one_poll_once_readabl
     assert derived(metrics) == reported
     assert metrics.by_engine("kvcap_kv_cache_capacity_tokens") == reported
     assert set(metrics.by_engine("kvcap_kv_cache_capacity_mismatch").values()) == {0}
-    warnings = [e for e in logs if e["event"] == "cannot read model config"]
+    warnings = [e for e in logs if e["event"] == "model_config_unreadable"]
     assert len(warnings) == 1
     assert str(config) in warnings[0]["error"]
 
@@ -333,11 +333,11 @@ def test_a_model_config_that_becomes_unreadable_drops_the_derived_capacity(
         document = engines_document(deployment.url)
         assert not any(engine["derivation_error"] for engine in document["engines"])
     # One line for the problem, not one per poll, and not again as a derivation failure.
-    problems = ("cannot read model config", "cannot derive capacity")
+    problems = ("model_config_unreadable", "capacity_not_derived")
     warnings = [e for e in logs if e["event"] in problems]
-    assert [e["event"] for e in warnings] == ["cannot read model config"]
+    assert [e["event"] for e in warnings] == ["model_config_unreadable"]
     assert str(config) in warnings[0]["error"]
-    assert [e for e in logs if e["event"] == "model config read"]
+    assert [e for e in logs if e["event"] == "model_config_read"]
 
 
 def test_a_model_replaced_in_place_is_derived_from_its_new_config(
@@ -390,7 +390,7 @@ def test_a_config_json_the_capacity_model_crashes_on_leaves_the_poller_running(
         )
         poll_once(url, settings, store)
     view = store.snapshot().engines[0]
-    assert view.num_gpu_blocks == 134276
+    assert view.capacity.num_gpu_blocks == 134276
     assert view.derivation_error
 
 
@@ -424,7 +424,7 @@ def test_a_bad_server_answer_is_counted_not_fatal(
     snapshot = store.snapshot()
     # Either refused as malformed and counted, or read with the problem shown per engine.
     assert snapshot.errors.get(("vllm_http", "malformed_exposition")) == 1 or (
-        snapshot.sources[0].up and snapshot.engines
+        snapshot.collectors[0].up and snapshot.engines
     )
 
 
@@ -432,7 +432,7 @@ def test_a_lone_surrogate_in_v1_models_breaks_no_scrape() -> None:
     body = b'vllm:num_requests_running{engine="0"} 1\n'
     store = StateStore()
     with serve(Playback(body, documents={"/v1/models": {"data": [{"id": "m\ud800"}]}})) as url:
-        source = VllmHttpSource(VllmHttpSettings(urls=(url,), poll_interval_s=POLL_INTERVAL_S))
+        source = VllmHttpCollector(VllmHttpSettings(urls=(url,), poll_interval_s=POLL_INTERVAL_S))
         with capture_logs(), running_exporter([source], store=store) as exporter:
             wait_for(lambda: store.snapshot().engines, 5.0, "the engine")
             assert scrape(exporter.server.url).status == 200

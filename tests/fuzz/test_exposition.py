@@ -25,9 +25,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families as text_families
 from structlog.testing import capture_logs
 
-from exporter.exposition import ExpositionCache
-from exporter.model_config import load_model_config
-from exporter.sources.parsing import (
+from exporter.collectors.parsing import (
     VLLM_FAMILIES,
     CacheConfigInfo,
     MalformedExposition,
@@ -36,14 +34,16 @@ from exporter.sources.parsing import (
     parse_vllm_metrics,
     parse_vllm_serve_args,
 )
-from exporter.sources.parsing.exposition import MAX_LABEL_VALUE_CHARS, MAX_LABELS_PER_SAMPLE
-from exporter.sources.vllm_http_reports import (
+from exporter.collectors.parsing.exposition import MAX_LABEL_VALUE_CHARS, MAX_LABELS_PER_SAMPLE
+from exporter.collectors.vllm_http_reports import (
     Deriver,
     ServerDocuments,
     ServerReading,
     cached_deriver,
     read_server,
 )
+from exporter.exposition import ExpositionCache
+from exporter.model_config import load_model_config
 from exporter.state import StateStore
 from tests.conftest import GOLDEN
 from tests.fuzz.mutations import garbage, mutated
@@ -298,7 +298,7 @@ def read(documents: ServerDocuments, fixture: dict[str, Any], path: Path) -> Ser
 def serve_and_parse(reading: ServerReading) -> None:
     """Publish the reports and render /metrics in both formats; both must parse."""
     store = StateStore()
-    with capture_logs():  # one "engine added" line per engine and example is noise here
+    with capture_logs():  # one "engine_added" line per engine and example is noise here
         store.publish("vllm_http", "http://vllm:8000", reading.reports)
     cache = ExpositionCache(store.snapshot, process_metrics=False)
     try:
@@ -327,10 +327,12 @@ def check_reading(reading: ServerReading) -> None:
         if report.derived is not None:
             assert report.derivation_error is None
             derived = report.derived
+            assert derived.kv_cache_max_concurrency is not None
+            assert derived.max_model_len is not None
             assert derived.kv_cache_size_tokens == int(
-                derived.max_concurrency * derived.max_model_len
+                derived.kv_cache_max_concurrency * derived.max_model_len
             )
-            assert math.isfinite(derived.max_concurrency)
+            assert math.isfinite(derived.kv_cache_max_concurrency)
 
 
 @st.composite

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exporter.collectors.parsing import VllmServeArgs, parse_vllm_serve_args, to_engine_settings
+from exporter.collectors.parsing.vllm_args import _BOOLEANS, _FLAGS
 from exporter.errors import ConfigError
-from exporter.sources.parsing import VllmServeArgs, parse_vllm_serve_args, to_engine_settings
-from exporter.sources.parsing.vllm_args import _BOOLEANS, _FLAGS
 from tests.conftest import GOLDEN
 
 RECORDED = sorted(

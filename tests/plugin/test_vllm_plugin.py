@@ -234,7 +234,7 @@ def test_a_missing_hook_point_warns_once_and_the_rest_still_works(
     core = installed(monkeypatch, without=without)
     vllm_plugin.register()
     assert plugin_warnings(caplog) == [
-        f"kvcap plugin: vLLM has no {missing}; those hooks are off (the HTTP source still works)"
+        f"kvcap plugin: vLLM has no {missing}; those hooks are off (vllm_http still works)"
     ]
     if "EngineCoreProc" in without:
         engine = core.EngineCore(standins.vllm_config(LLAMA))

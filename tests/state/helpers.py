@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from exporter.capacity import EngineSettings, derive_capacity
-from exporter.state import EngineReport, KvUsage, ReportedCapacity
+from exporter.capacity import EngineCapacity, EngineSettings, derive_capacity
+from exporter.state import EngineReport, KvUsage
 from tests.conftest import GOLDEN
 
 HANDSHAKE = GOLDEN / "handshake"
@@ -36,14 +36,14 @@ def reports(
                 model_name=found["served_model_name"],
                 instance_id=instance_id,
                 vllm_version="0.33.0",
-                reported=ReportedCapacity(
+                reported=EngineCapacity(
                     num_gpu_blocks=engine["num_gpu_blocks"],
                     block_size=engine["block_size"],
                     kv_cache_size_tokens=engine["kv_cache_size_tokens"],
-                    max_concurrency=engine["max_concurrency"],
+                    kv_cache_max_concurrency=engine["max_concurrency"],
                     max_model_len=engine["max_model_len"],
                 ),
-                derived=derived,
+                derived=derived.capacity,
                 usage=KvUsage(
                     engine["kv_cache_usage"],
                     engine["num_requests_running"],

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from exporter.state import EngineReport, ReportedCapacity, StateStore
+from structlog.testing import capture_logs
+
+from exporter.capacity import EngineCapacity
+from exporter.collectors import collector_priority
+from exporter.state import EngineReport, StateStore
 from tests.state.helpers import deployment, reports
 
 
@@ -24,11 +28,11 @@ def test_publish_makes_engines_visible_with_vllms_numbers() -> None:
     expected = deployment("gemma-3-27b-text-dp2-tp2")["engines"][0]
     view = snapshot.engines[0]
     assert view.capacity_source == "reported"
-    assert view.kv_cache_size_tokens == expected["kv_cache_size_tokens"]
+    assert view.capacity.kv_cache_size_tokens == expected["kv_cache_size_tokens"]
     assert view.derived_kv_cache_size_tokens == expected["kv_cache_size_tokens"]
     assert view.capacity_mismatch is False
     assert view.used_tokens == expected["used_tokens_expected"]
-    assert len(view.groups) == 7
+    assert len(view.capacity.groups) == 7
 
 
 def test_snapshots_are_immutable_versions() -> None:
@@ -49,14 +53,14 @@ def test_failure_keeps_last_good_data_marked_stale_and_recovers() -> None:
     store.fail("vllm_http", "http://a", "connection_refused", "refused")
     snapshot = store.snapshot()
     assert all(v.stale for v in snapshot.engines)
-    assert snapshot.engines[0].kv_cache_size_tokens is not None
+    assert snapshot.engines[0].capacity.kv_cache_size_tokens is not None
     assert snapshot.errors[("vllm_http", "connection_refused")] == 2
-    assert snapshot.sources[0].up is False
-    assert snapshot.sources[0].last_success_s == 1000.0
+    assert snapshot.collectors[0].up is False
+    assert snapshot.collectors[0].last_success_s == 1000.0
     store.publish("vllm_http", "http://a", reports())
     snapshot = store.snapshot()
     assert not any(v.stale for v in snapshot.engines)
-    assert snapshot.sources[0].up
+    assert snapshot.collectors[0].up
 
 
 def test_vanished_engine_is_dropped_and_restart_replaces_instance() -> None:
@@ -68,27 +72,67 @@ def test_vanished_engine_is_dropped_and_restart_replaces_instance() -> None:
     assert {v.instance_id for v in store.snapshot().engines} == {"2"}
 
 
-def test_forget_removes_one_engine_or_all() -> None:
+def test_engines_come_and_go_one_at_a_time() -> None:
     store = StateStore()
-    store.publish("handshake", "ipc://x", reports())
-    store.forget("handshake", "ipc://x", "1")
+    for report in reports():
+        store.update_engine("handshake", "ipc://x", report)
+    assert [v.engine for v in store.snapshot().engines] == ["0", "1"]
+    # The word of another instance of the engine removes nothing.
+    store.remove_engine("handshake", "ipc://x", "1", "an older instance")
+    assert [v.engine for v in store.snapshot().engines] == ["0", "1"]
+    store.remove_engine("handshake", "ipc://x", "1", "1")
     assert [v.engine for v in store.snapshot().engines] == ["0"]
-    store.forget("handshake", "ipc://x")
-    assert store.snapshot().engines == ()
+    store.remove_engine("handshake", "ipc://unknown", "0", "1")
+    assert [v.engine for v in store.snapshot().engines] == ["0"]
+
+
+def test_a_restart_seen_by_two_collectors_is_logged_once() -> None:
+    store = StateStore(priority=collector_priority())
+    store.publish("vllm_http", "http://a", reports())
+    for report in reports():
+        store.update_engine("handshake", "ipc://x", report)
+    restarted = replace(
+        reports(instance_id="2")[0],
+        reported=replace(reports()[0].reported, num_gpu_blocks=999),  # type: ignore[type-var]
+    )
+    with capture_logs() as logs:
+        store.update_engine("handshake", "ipc://x", restarted)
+        # The HTTP collector sees the new block count a poll later.
+        http = [replace(r, instance_id=None) for r in reports()]
+        http[0] = replace(http[0], reported=restarted.reported)
+        store.publish("vllm_http", "http://a", http)
+        store.publish("vllm_http", "http://a", http)
+    events = [(e["event"], e.get("engine")) for e in logs]
+    assert events == [("engine_restarted", "0")]
+    assert store.snapshot().engines[0].instance_id == "2"
+
+
+def test_priority_is_the_collectors_registration_not_the_states() -> None:
+    http = [
+        replace(r, reported=EngineCapacity(kv_cache_size_tokens=1, num_gpu_blocks=2))
+        for r in reports()
+    ]
+    for priority, tokens in (({"vllm_http": 0, "handshake": 1}, 1), (collector_priority(), None)):
+        store = StateStore(priority=priority)
+        store.publish("vllm_http", "http://a", http)
+        store.publish("handshake", "ipc://x", reports())
+        view = store.snapshot().engines[0]
+        expected = tokens or reports()[0].reported.kv_cache_size_tokens  # type: ignore[union-attr]
+        assert view.capacity.kv_cache_size_tokens == expected
 
 
 def test_handshake_values_win_over_http_ones_for_the_same_engine() -> None:
-    store = StateStore()
+    store = StateStore(priority=collector_priority())
     http = [
-        replace(r, reported=ReportedCapacity(kv_cache_size_tokens=1, num_gpu_blocks=2))
+        replace(r, reported=EngineCapacity(kv_cache_size_tokens=1, num_gpu_blocks=2))
         for r in reports()
     ]
     store.publish("vllm_http", "http://a", http)
     store.publish("handshake", "ipc://x", reports())
     views = store.snapshot().engines
     assert len(views) == 2
-    assert views[0].sources == ("handshake", "vllm_http")
-    assert views[0].kv_cache_size_tokens == reports()[0].reported.kv_cache_size_tokens  # type: ignore[union-attr]
+    assert views[0].collectors == ("handshake", "vllm_http")
+    assert views[0].capacity.kv_cache_size_tokens == reports()[0].reported.kv_cache_size_tokens  # type: ignore[union-attr]
 
 
 def test_mismatch_between_reported_and_derived_is_flagged() -> None:
@@ -99,7 +143,7 @@ def test_mismatch_between_reported_and_derived_is_flagged() -> None:
     ]
     store.publish("vllm_http", "http://a", wrong)
     view = store.snapshot().engines[0]
-    assert view.kv_cache_size_tokens == 123
+    assert view.capacity.kv_cache_size_tokens == 123
     assert view.capacity_mismatch is True
 
 
@@ -112,7 +156,7 @@ def test_derived_only_engine_uses_derived_numbers() -> None:
     view = store.snapshot().engines[0]
     assert view.capacity_source == "derived"
     assert view.capacity_mismatch is None
-    assert view.kv_cache_size_tokens == reports()[0].derived.kv_cache_size_tokens  # type: ignore[union-attr]
+    assert view.capacity.kv_cache_size_tokens == reports()[0].derived.kv_cache_size_tokens  # type: ignore[union-attr]
 
 
 def test_readiness_waits_for_every_registered_target() -> None:

@@ -21,7 +21,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families as text_families
 
-from exporter.sources.parsing import VLLM_FAMILIES, MalformedExposition, parse_vllm_metrics
+from exporter.collectors.parsing import VLLM_FAMILIES, MalformedExposition, parse_vllm_metrics
 
 COUNTERS = frozenset({name for name in VLLM_FAMILIES if "prefix_cache" in name})
 # Families whose names start with a family kvcap reads; the scanner must pass them by.

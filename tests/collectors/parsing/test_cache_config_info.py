@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.sources.parsing import (
+from exporter.collectors.parsing import (
     CacheConfigInfo,
     MalformedExposition,
     Sample,

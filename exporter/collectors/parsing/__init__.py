@@ -1,16 +1,16 @@
 """Pure parsers of what vLLM shows the outside: its `/metrics` text and its command line.
 
-No I/O happens here; sources fetch the text and pass a string.
+No I/O happens here; collectors fetch the text and pass a string.
 """
 
-from exporter.sources.parsing.cache_config_info import CacheConfigInfo, parse_cache_config_info
-from exporter.sources.parsing.exposition import (
+from exporter.collectors.parsing.cache_config_info import CacheConfigInfo, parse_cache_config_info
+from exporter.collectors.parsing.exposition import (
     VLLM_FAMILIES,
     MalformedExposition,
     Sample,
     parse_vllm_metrics,
 )
-from exporter.sources.parsing.vllm_args import (
+from exporter.collectors.parsing.vllm_args import (
     VllmServeArgs,
     parse_vllm_serve_args,
     to_engine_settings,

@@ -12,19 +12,19 @@ import pytest
 from structlog.testing import capture_logs
 
 from exporter.capacity import EngineSettings
-from exporter.demo import example_config, simulated_deployment
-from exporter.errors import ConfigError
-from exporter.sources.http_fetch import fetch
-from exporter.sources.parsing import parse_vllm_serve_args
-from exporter.sources.vllm_http import (
+from exporter.collectors.http_fetch import fetch
+from exporter.collectors.parsing import parse_vllm_serve_args
+from exporter.collectors.vllm_http import (
     ServerPoller,
     VllmHttpSettings,
     discover_serve_args,
 )
-from exporter.sources.vllm_http_reports import ServerDocuments
-from exporter.state import StateStore
+from exporter.collectors.vllm_http_reports import ServerDocuments
+from exporter.demo import example_config, simulated_deployment
+from exporter.errors import ConfigError
+from exporter.state import KvUsage, StateStore
+from tests.collectors.recorded_vllm import Playback, serve
 from tests.conftest import GOLDEN
-from tests.sources.recorded_vllm import Playback, serve
 
 EXPOSITIONS = GOLDEN / "expositions"
 FIXTURES = sorted(p for p in [*EXPOSITIONS.glob("*.json"), *EXPOSITIONS.glob("releases/*/*.json")])
@@ -71,25 +71,27 @@ def test_every_per_engine_gauge_matches_the_recording(path: Path) -> None:
     with serve(playback) as url:
         poll(url, settings_for(url, fixture, path), store)
     snapshot = store.snapshot()
-    assert snapshot.sources[0].up, snapshot.sources[0].last_error
+    assert snapshot.collectors[0].up, snapshot.collectors[0].last_error
     views = {v.engine: v for v in snapshot.engines}
     assert set(views) == {str(e["engine"]) for e in fixture["engines"]}
     reports_capacity = bool(fixture["capacity_reported"])
     for engine in fixture["engines"]:
         view = views[str(engine["engine"])]
         assert view.model_name == fixture["served_model_name"]
-        assert view.num_gpu_blocks == engine["num_gpu_blocks"]
-        assert view.kv_cache_size_tokens == engine["kv_cache_size_tokens"]
-        assert view.max_concurrency == pytest.approx(engine["max_concurrency"], rel=1e-12)
-        assert view.max_model_len == engine["max_model_len"]
+        assert view.capacity.num_gpu_blocks == engine["num_gpu_blocks"]
+        assert view.capacity.kv_cache_size_tokens == engine["kv_cache_size_tokens"]
+        assert view.capacity.kv_cache_max_concurrency == pytest.approx(
+            engine["max_concurrency"], rel=1e-12
+        )
+        assert view.capacity.max_model_len == engine["max_model_len"]
         assert view.derived_kv_cache_size_tokens == engine["kv_cache_size_tokens"]
         assert view.capacity_source == ("reported" if reports_capacity else "derived")
         assert view.capacity_mismatch is (False if reports_capacity else None)
-        assert view.usage_ratio == engine["kv_cache_usage"]
+        assert view.usage == KvUsage(
+            engine["kv_cache_usage"], engine["num_requests_running"], engine["num_requests_waiting"]
+        )
         assert view.used_tokens == pytest.approx(engine["used_tokens_expected"])
-        assert view.requests_running == engine["num_requests_running"]
-        assert view.requests_waiting == engine["num_requests_waiting"]
-        assert len(view.groups) == len(engine["groups"])
+        assert len(view.capacity.groups) == len(engine["groups"])
         assert view.vllm_version == fixture["version"]["version"]
 
 
@@ -111,8 +113,8 @@ def test_data_parallel_engines_each_get_their_own_blocks(
     assert [v.engine for v in views] == [str(i) for i in range(data_parallel_size)]
     for view in views:
         # The label says plan x DP; each engine holds the plan's blocks.
-        assert view.num_gpu_blocks == simulation.plan.num_gpu_blocks
-        assert view.kv_cache_size_tokens == simulation.plan.kv_cache_size_tokens
+        assert view.capacity.num_gpu_blocks == simulation.plan.num_gpu_blocks
+        assert view.capacity.kv_cache_size_tokens == simulation.plan.kv_cache_size_tokens
         assert view.capacity_mismatch is False
 
 
@@ -149,16 +151,16 @@ def test_faults_are_counted_keep_last_good_data_and_recover(
         poller.poll_once()
         snapshot = store.snapshot()
         assert snapshot.errors == {("vllm_http", reason): 1}
-        assert not snapshot.sources[0].up
-        assert [v.kv_cache_size_tokens for v in snapshot.engines] == [
-            v.kv_cache_size_tokens for v in before
+        assert not snapshot.collectors[0].up
+        assert [v.capacity.kv_cache_size_tokens for v in snapshot.engines] == [
+            v.capacity.kv_cache_size_tokens for v in before
         ]
         assert all(v.stale for v in snapshot.engines)
         playback.fault = None
         poller.settings = good
         poller.poll_once()
     recovered = store.snapshot()
-    assert recovered.sources[0].up
+    assert recovered.collectors[0].up
     assert not any(v.stale for v in recovered.engines)
 
 
@@ -243,7 +245,7 @@ def test_without_settings_the_reported_capacity_is_still_exported() -> None:
     with serve(Playback(metrics=exposition_of(path, fixture))) as url:
         poll(url, VllmHttpSettings(urls=(url,)), store)
     view = store.snapshot().engines[0]
-    assert view.kv_cache_size_tokens == fixture["engines"][0]["kv_cache_size_tokens"]
+    assert view.capacity.kv_cache_size_tokens == fixture["engines"][0]["kv_cache_size_tokens"]
     assert view.derived_kv_cache_size_tokens is None
     assert view.derivation_error is not None
 
@@ -277,7 +279,7 @@ def test_an_unreadable_model_config_is_named_in_the_derivation_error(
         )
         poll(url, settings, store)
     view = store.snapshot().engines[0]
-    assert view.num_gpu_blocks == 134276
+    assert view.capacity.num_gpu_blocks == 134276
     assert view.derived_kv_cache_size_tokens is None
     assert view.derivation_error == message.format(tmp=tmp_path)
 
@@ -328,7 +330,7 @@ def test_a_derivation_problem_is_logged_once_while_it_lasts_and_again_when_it_re
         playback.metrics = GEMMA_BODY
         poller.poll_once()
         poller.poll_once()
-    problems = [log["error"] for log in logs if log["event"] == "cannot derive capacity"]
+    problems = [log["error"] for log in logs if log["event"] == "capacity_not_derived"]
     no_config = "no model config.json (give --model.config or serve a local model path)"
     assert problems == [no_config] * 2
 

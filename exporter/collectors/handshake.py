@@ -1,7 +1,7 @@
-"""Source `handshake`: engine-core ready responses forwarded by kvcap's vLLM plugin over ZMQ.
+"""Collector `handshake`: engine-core ready responses forwarded by kvcap's vLLM plugin over ZMQ.
 
 The plugin (exporter/vllm_plugin.py) pushes vLLM's own ready-response bytes, once per
-engine at startup, and a bye on clean shutdown. This is the only source that sees
+engine at startup, and a bye on clean shutdown. This is the only collector that sees
 headless data-parallel nodes and it carries vLLM's exact per-engine numbers.
 """
 
@@ -19,19 +19,25 @@ import msgspec
 import structlog
 import zmq
 
-from exporter.capacity import GroupCapacity
+from exporter.capacity import (
+    EngineCapacity,
+    GroupCapacity,
+    blocks_for_bytes,
+    kind_of_spec_type,
+)
+from exporter.collectors.registry import CollectorSpec, register_collector
 from exporter.errors import ConfigError
 from exporter.handshake_wire import (
     BYE_TOPIC,
     READY_TOPIC,
+    GroupExtra,
     ReadyExtras,
     ReadyResponse,
     decode_bye,
     decode_extras,
     decode_ready,
 )
-from exporter.sources.registry import SourceSpec, register_source
-from exporter.state import EngineReport, ReportedCapacity, StateSink
+from exporter.state import EngineReport, StateSink
 from exporter.units import parse_size
 
 log = structlog.get_logger("kvcap.handshake")
@@ -53,23 +59,7 @@ class HandshakeSettings:
 
 def engine_report(ready: ReadyResponse, extras: ReadyExtras | None) -> EngineReport:
     """vLLM's own numbers for one engine, with the plugin's extras where it sent them."""
-    groups = tuple(
-        GroupCapacity(
-            kind=_KINDS.get(g.spec_type, g.spec_type),
-            spec_type=g.spec_type,
-            num_layers=g.num_layers,
-            layer_names=(),
-            block_size=g.block_size,
-            page_size_bytes=g.page_size_bytes,
-            blocks_per_request=-(-g.max_memory_usage_bytes_per_request // g.page_size_bytes)
-            if g.max_memory_usage_bytes_per_request is not None and g.page_size_bytes > 0
-            else 0,
-            max_memory_usage_bytes_per_request=g.max_memory_usage_bytes_per_request or 0,
-            sliding_window=g.sliding_window,
-            attention_chunk_size=g.attention_chunk_size,
-        )
-        for g in (extras.groups if extras else [])
-    )
+    groups = tuple(_group(g) for g in (extras.groups if extras else []))
     devices = tuple(extras.devices) if extras else ()
     world_size = ready.world_size
     local_rank = None
@@ -86,11 +76,11 @@ def engine_report(ready: ReadyResponse, extras: ReadyExtras | None) -> EngineRep
         model_name=(extras.model_name if extras and extras.model_name else ""),
         instance_id=ready.instance_id,
         vllm_version=ready.vllm_version,
-        reported=ReportedCapacity(
+        reported=EngineCapacity(
             num_gpu_blocks=ready.num_gpu_blocks,
             block_size=ready.block_size,
             kv_cache_size_tokens=ready.kv_cache_size_tokens,
-            max_concurrency=ready.kv_cache_max_concurrency,
+            kv_cache_max_concurrency=ready.kv_cache_max_concurrency,
             max_model_len=ready.max_model_len,
             cache_dtype=extras.cache_dtype if extras else None,
             groups=groups,
@@ -99,13 +89,22 @@ def engine_report(ready: ReadyResponse, extras: ReadyExtras | None) -> EngineRep
     )
 
 
-_KINDS = {
-    "FullAttentionSpec": "full_attention",
-    "SlidingWindowSpec": "sliding_window",
-    "ChunkedLocalAttentionSpec": "chunked_local",
-    "MLAAttentionSpec": "mla",
-    "MambaSpec": "mamba",
-}
+def _group(extra: GroupExtra) -> GroupCapacity:
+    per_request = extra.max_memory_usage_bytes_per_request
+    return GroupCapacity(
+        kind=kind_of_spec_type(extra.spec_type),
+        spec_type=extra.spec_type,
+        num_layers=extra.num_layers,
+        layer_names=(),
+        block_size=extra.block_size,
+        page_size_bytes=extra.page_size_bytes,
+        blocks_per_request=blocks_for_bytes(per_request, extra.page_size_bytes)
+        if per_request is not None and extra.page_size_bytes > 0
+        else 0,
+        max_memory_usage_bytes_per_request=per_request or 0,
+        sliding_window=extra.sliding_window,
+        attention_chunk_size=extra.attention_chunk_size,
+    )
 
 
 class RateGuard:
@@ -128,24 +127,20 @@ class RateGuard:
 
 
 class HandshakeReceiver:
-    """Decodes messages into the engines of one endpoint; every outcome is counted."""
+    """Decodes the messages of one endpoint into engine changes; every outcome is counted.
+
+    It keeps no engines: the state owns them (and logs restarts, once).
+    """
 
     def __init__(self, endpoint: str, sink: StateSink, settings: HandshakeSettings) -> None:
         self.endpoint = endpoint
         self.sink = sink
         self.settings = settings
-        self.engines: dict[str, EngineReport] = {}
         self.guard = RateGuard(settings.max_messages_per_s)
-        self.accepted = 0
-        self.rejected = 0
 
     def handle(self, frames: list[bytes]) -> None:
         reason, message = self._apply(frames)
-        if reason is None:
-            self.accepted += 1
-            self.sink.publish(NAME, self.endpoint, list(self.engines.values()))
-        else:
-            self.rejected += 1
+        if reason is not None:
             self.sink.reject(NAME, self.endpoint, reason, message)
 
     def _apply(self, frames: list[bytes]) -> tuple[str | None, str]:
@@ -170,21 +165,14 @@ class HandshakeReceiver:
     def _ready(self, frames: list[bytes]) -> None:
         ready = decode_ready(frames[1])
         extras = decode_extras(frames[2]) if len(frames) == 3 else None
-        report = engine_report(ready, extras)
-        old = self.engines.get(report.engine)
-        if old is not None and old.instance_id != report.instance_id:
-            log.info("engine restarted", engine=report.engine, instance_id=report.instance_id)
-        self.engines[report.engine] = report
+        self.sink.update_engine(NAME, self.endpoint, engine_report(ready, extras))
 
     def _bye(self, frames: list[bytes]) -> None:
         bye = decode_bye(frames[1])
-        engine = self.engines.get(str(bye.engine_index))
-        # A bye from an older instance must not remove its restarted successor.
-        if engine is not None and engine.instance_id == bye.instance_id:
-            del self.engines[str(bye.engine_index)]
+        self.sink.remove_engine(NAME, self.endpoint, str(bye.engine_index), bye.instance_id)
 
 
-class HandshakeSource:
+class HandshakeCollector:
     """A ZMQ PULL socket bound at the endpoint, read on one thread."""
 
     name = NAME
@@ -217,7 +205,7 @@ class HandshakeSource:
         sink.publish(NAME, endpoint, [])
         self._thread = threading.Thread(target=self._run, name="handshake", daemon=True)
         self._thread.start()
-        log.info("handshake listening", endpoint=endpoint)
+        log.info("handshake_listening", endpoint=endpoint)
 
     def _run(self) -> None:
         assert self._socket is not None
@@ -290,8 +278,8 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
     )
 
 
-def _build(args: argparse.Namespace) -> HandshakeSource:
-    return HandshakeSource(
+def _build(args: argparse.Namespace) -> HandshakeCollector:
+    return HandshakeCollector(
         HandshakeSettings(
             endpoint=args.handshake_listen,
             max_frame_bytes=args.handshake_max_frame_size,
@@ -301,12 +289,14 @@ def _build(args: argparse.Namespace) -> HandshakeSource:
     )
 
 
-register_source(
-    SourceSpec(
+register_collector(
+    CollectorSpec(
         name=NAME,
         help="receive engine ready responses from kvcap's vLLM plugin over ZMQ",
         default_enabled=True,
         add_arguments=_add_arguments,
         build=_build,
+        # vLLM's own numbers, exact and per engine: they win over what HTTP reads.
+        priority=0,
     )
 )

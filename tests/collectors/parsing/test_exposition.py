@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.sources import parsing
-from exporter.sources.parsing import (
+from exporter.collectors import parsing
+from exporter.collectors.parsing import (
     VLLM_FAMILIES,
     MalformedExposition,
     Sample,
     parse_cache_config_info,
     parse_vllm_metrics,
 )
-from exporter.sources.parsing.exposition import MAX_LABEL_VALUE_CHARS, MAX_LABELS_PER_SAMPLE
+from exporter.collectors.parsing.exposition import MAX_LABEL_VALUE_CHARS, MAX_LABELS_PER_SAMPLE
 from tests.conftest import GOLDEN
 
 EXPOSITIONS = GOLDEN / "expositions"

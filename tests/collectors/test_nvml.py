@@ -1,4 +1,4 @@
-"""Source `nvml` against a StateStore: no driver, lost GPUs, re-initialisation, its thread."""
+"""Collector `nvml` against a StateStore: no driver, lost GPUs, re-initialisation, its thread."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import structlog
 
-from exporter.sources import SOURCES
-from exporter.sources.nvml import NvmlPoller, NvmlSettings, NvmlSource
-from exporter.sources.nvml_reader import NvmlSession
+from exporter.collectors import COLLECTORS
+from exporter.collectors.nvml import NvmlCollector, NvmlPoller, NvmlSettings
+from exporter.collectors.nvml_reader import NvmlSession
 from exporter.state import Snapshot, StateStore
 from tests.nvml.fake import (
     DRIVER_NOT_LOADED,
@@ -34,7 +34,7 @@ from tests.nvml.fake import (
 
 pytest_plugins = ["tests.nvml.fixtures"]
 
-NO_DRIVER = "no NVIDIA driver: nvml collector reports no data"
+NO_DRIVER = "nvml_no_driver"
 
 
 class Harness:
@@ -57,7 +57,7 @@ class Harness:
         return self.snapshot.errors.get(("nvml", reason), 0)
 
     def up(self) -> bool:
-        [status] = [s for s in self.snapshot.sources if s.source == "nvml"]
+        [status] = [s for s in self.snapshot.collectors if s.collector == "nvml"]
         return status.up
 
 
@@ -72,8 +72,8 @@ def harness(fake_nvml: FakeNvml) -> Any:
 def test_eight_gpus_are_published_in_order(harness: Harness) -> None:
     assert harness.poll() == 5.0
     assert [gpu.uuid for gpu in harness.snapshot.gpus] == [gpu_uuid(i) for i in range(8)]
-    [status] = harness.snapshot.sources
-    assert (status.source, status.target, status.up) == ("nvml", "local", True)
+    [status] = harness.snapshot.collectors
+    assert (status.collector, status.target, status.up) == ("nvml", "local", True)
     assert status.last_duration_s is not None
 
 
@@ -94,7 +94,7 @@ def test_a_lost_gpu_is_dropped_counted_and_recovered(harness: Harness) -> None:
     assert [gpu.index for gpu in harness.snapshot.gpus] == ["0", "1", "2", "3", "4", "6", "7"]
     assert harness.errors("gpu_lost") == 2
     assert harness.up()
-    assert [entry["event"] for entry in logs].count("gpu failed") == 1
+    assert [entry["event"] for entry in logs].count("gpu_failed") == 1
     # NVML was re-initialised once, right after the loss; the next waits for its backoff.
     assert harness.poller.reopen_failures == 1
     harness.fake.write(eight_h200s().with_gpu(5, used=1 * GIB))
@@ -103,7 +103,7 @@ def test_a_lost_gpu_is_dropped_counted_and_recovered(harness: Harness) -> None:
     assert len(harness.snapshot.gpus) == 8
     assert harness.snapshot.gpus[5].memory_used_bytes == GIB
     assert harness.poller.reopen_failures == 0
-    assert [entry["event"] for entry in logs] == ["gpu recovered"]
+    assert [entry["event"] for entry in logs] == ["gpu_recovered"]
 
 
 def test_reinitialisation_backs_off_exponentially(harness: Harness) -> None:
@@ -132,7 +132,7 @@ def test_all_gpus_failing_is_a_failed_read(harness: Harness) -> None:
     harness.poll()
     assert not harness.up()
     assert harness.errors("gpu_lost") == 1
-    [status] = harness.snapshot.sources
+    [status] = harness.snapshot.collectors
     assert status.last_error is not None
     assert "GPU 0: " in status.last_error
     harness.fake.write(eight_h200s())
@@ -162,7 +162,7 @@ def test_driver_not_loaded_is_no_data(fake_nvml: FakeNvml) -> None:
         delays = [harness.poll() for _ in range(5)]
     assert [entry["event"] for entry in logs] == [NO_DRIVER]
     assert "Driver Not Loaded" in logs[0]["error"]
-    assert harness.snapshot.sources == ()  # no target: readiness does not wait for NVML
+    assert harness.snapshot.collectors == ()  # no target: readiness does not wait for NVML
     assert harness.snapshot.gpus == ()
     assert harness.snapshot.errors == {}
     assert 1.0 <= delays[0] <= 2.0
@@ -178,13 +178,13 @@ def test_driver_not_loaded_is_no_data(fake_nvml: FakeNvml) -> None:
 def test_no_library_is_no_data(tmp_path: Path) -> None:
     store = StateStore()
     settings = NvmlSettings(poll_interval_s=0.01, library_path=str(tmp_path / "missing.so"))
-    source = NvmlSource(settings)
+    source = NvmlCollector(settings)
     with structlog.testing.capture_logs() as logs:
         source.start(store)
         time.sleep(0.2)  # several retries
         source.stop(1.0)
     assert [entry["event"] for entry in logs] == [NO_DRIVER]
-    assert store.snapshot().sources == ()
+    assert store.snapshot().collectors == ()
     assert store.snapshot().gpus == ()
 
 
@@ -193,11 +193,11 @@ def test_the_loaders_own_search() -> None:
     where no test has handed the binding a library. Without a driver the collector reports
     nothing and registers no target; with one, it registers its target."""
     code = (
-        "import threading; from exporter.sources.nvml import NvmlPoller, NvmlSettings; "
+        "import threading; from exporter.collectors.nvml import NvmlPoller, NvmlSettings; "
         "from exporter.state import StateStore; store = StateStore(); "
         "poller = NvmlPoller(NvmlSettings(), store, threading.Event()); "
         "poller.poll_once(); poller.poll_once(); "
-        "print(len(store.snapshot().sources), len(store.snapshot().gpus))"
+        "print(len(store.snapshot().collectors), len(store.snapshot().gpus))"
     )
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     run = subprocess.run(
@@ -238,7 +238,7 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
 def test_the_source_thread_follows_the_config_while_it_runs(fake_nvml: FakeNvml) -> None:
     fake_nvml.write(eight_h200s())
     store = StateStore()
-    source = NvmlSource(NvmlSettings(poll_interval_s=0.01, library_path=str(fake_nvml.library)))
+    source = NvmlCollector(NvmlSettings(poll_interval_s=0.01, library_path=str(fake_nvml.library)))
     source.start(store)
     try:
         wait_for(lambda: len(store.snapshot().gpus) == 8)
@@ -259,16 +259,16 @@ def test_the_source_thread_follows_the_config_while_it_runs(fake_nvml: FakeNvml)
     assert fake_nvml.init_refcount() == 0  # the thread shut NVML down on its way out
 
 
-def build(argv: list[str]) -> NvmlSource:
+def build(argv: list[str]) -> NvmlCollector:
     parser = argparse.ArgumentParser()
-    SOURCES["nvml"].add_arguments(parser.add_argument_group("nvml"))
-    source = SOURCES["nvml"].build(parser.parse_args(argv))
-    assert isinstance(source, NvmlSource)
+    COLLECTORS["nvml"].add_arguments(parser.add_argument_group("nvml"))
+    source = COLLECTORS["nvml"].build(parser.parse_args(argv))
+    assert isinstance(source, NvmlCollector)
     return source
 
 
 def test_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert SOURCES["nvml"].default_enabled
+    assert COLLECTORS["nvml"].default_enabled
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert build([]).settings == NvmlSettings()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
@@ -295,7 +295,7 @@ def test_an_unexpected_error_is_a_failed_read_not_a_dead_thread(
         with structlog.testing.capture_logs() as logs:
             delay = harness.poller.poll_safely()
     assert 2.5 <= delay <= 5.0
-    assert [entry["event"] for entry in logs][:1] == ["nvml poll failed"]
+    assert [entry["event"] for entry in logs][:1] == ["nvml_poll_failed"]
     assert harness.errors("internal") == 1
     assert harness.poller.session is None  # shut down; the next poll starts afresh
     harness.poller.poll_safely()

@@ -1,5 +1,5 @@
-"""Source `vllm_http`: poll stock vLLM API servers (/metrics, /v1/models, /version,
-/kv_event_sources), any vLLM from 0.10 to 0.33, no plugin needed."""
+"""Collector `vllm_http`: poll stock vLLM API servers (/metrics, /v1/models, /version), any
+vLLM from 0.10 to 0.33, no plugin needed."""
 
 from __future__ import annotations
 
@@ -13,6 +13,17 @@ from typing import Any
 
 import structlog
 
+from exporter.collectors.http_fetch import Fetcher, FetchError, fetch
+from exporter.collectors.parsing import MalformedExposition, VllmServeArgs, parse_vllm_serve_args
+from exporter.collectors.registry import CollectorSpec, register_collector
+from exporter.collectors.vllm_http_reports import (
+    Deriver,
+    ServerDocuments,
+    cached_deriver,
+    read_server,
+    served_model,
+    unreadable_config_deriver,
+)
 from exporter.errors import ConfigError, KvcapError
 from exporter.json_documents import NotJson, read_json
 from exporter.model_config import (
@@ -20,17 +31,6 @@ from exporter.model_config import (
     file_version,
     load_model_config,
     model_config_file,
-)
-from exporter.sources.http_fetch import Fetcher, FetchError, fetch
-from exporter.sources.parsing import MalformedExposition, VllmServeArgs, parse_vllm_serve_args
-from exporter.sources.registry import SourceSpec, register_source
-from exporter.sources.vllm_http_reports import (
-    Deriver,
-    ServerDocuments,
-    cached_deriver,
-    read_server,
-    served_model,
-    unreadable_config_deriver,
 )
 from exporter.state import StateSink
 from exporter.units import parse_size
@@ -52,7 +52,7 @@ class VllmHttpSettings:
     model_config: Path | None = None
 
 
-class VllmHttpSource:
+class VllmHttpCollector:
     """One poller thread per API server URL."""
 
     name = NAME
@@ -132,11 +132,11 @@ class ServerPoller:
             self._failed("malformed_exposition", str(error), began)
             return
         except Exception as error:
-            log.exception("unexpected error reading the server", target=self.url)
+            log.exception("collector_internal_error", target=self.url)
             self._failed("internal_error", f"{type(error).__name__}: {error}", began)
             return
         for reason, message in reading.warnings:
-            self._warn_once("cannot derive capacity", message, reason=reason)
+            self._warn_once("capacity_not_derived", message, reason=reason)
         # Problems that are gone are forgotten: the set holds only today's problems (messages
         # carry figures, so it would grow over restarts), and one that comes back is logged.
         self._warned.intersection_update(message for _, message in reading.warnings)
@@ -164,7 +164,6 @@ class ServerPoller:
             metrics=metrics,
             models=self._json("/v1/models"),
             version=self._json("/version"),
-            kv_event_sources=self._json("/kv_event_sources"),
         )
 
     def _json(self, path: str) -> Mapping[str, Any] | None:
@@ -215,14 +214,14 @@ class ServerPoller:
         try:
             config = load_model_config(path)
         except ConfigError as error:
-            self._warn_once("cannot read model config", str(error), path=str(path))
+            self._warn_once("model_config_unreadable", str(error), path=str(path))
             return ModelConfigRead(path, version, unreadable_config_deriver(str(error)))
         if replacing is not None and replacing.path == path and replacing.config == config:
             # Touched, not changed (or a file system whose inodes and times move on their
             # own): the cached derivations stay, and there is nothing to log.
             return replace(replacing, version=version)
         if replacing is not None:
-            log.info("model config read", target=self.url, path=str(path))
+            log.info("model_config_read", target=self.url, path=str(path))
         return ModelConfigRead(path, version, cached_deriver(config), config)
 
     def _warn_once(self, event: str, message: str, **fields: str) -> None:
@@ -309,14 +308,14 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
     )
 
 
-def _build(args: argparse.Namespace) -> VllmHttpSource | None:
+def _build(args: argparse.Namespace) -> VllmHttpCollector | None:
     if not args.vllm_url:
         return None
     serve_args = parse_vllm_serve_args(args.vllm_args) if args.vllm_args else None
     interval = args.vllm_poll_interval
     if interval <= 0 or args.vllm_timeout <= 0:
         raise ConfigError("--vllm.poll-interval and --vllm.timeout must be positive")
-    return VllmHttpSource(
+    return VllmHttpCollector(
         VllmHttpSettings(
             urls=tuple(args.vllm_url),
             poll_interval_s=interval,
@@ -331,12 +330,13 @@ def _build(args: argparse.Namespace) -> VllmHttpSource | None:
     )
 
 
-register_source(
-    SourceSpec(
+register_collector(
+    CollectorSpec(
         name=NAME,
-        help="poll vLLM API servers' /metrics, /v1/models, /version and /kv_event_sources",
+        help="poll vLLM API servers' /metrics, /v1/models and /version",
         default_enabled=True,
         add_arguments=_add_arguments,
         build=_build,
+        priority=10,
     )
 )

@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.capacity import EngineSettings
-from exporter.errors import ConfigError
-from exporter.sources.parsing import (
+from exporter.collectors.parsing import (
     VllmServeArgs,
     parse_vllm_serve_args,
     to_engine_settings,
     vllm_args,
 )
+from exporter.errors import ConfigError
 from tests.conftest import GOLDEN
 
 DEPLOYMENTS = sorted(

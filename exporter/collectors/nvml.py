@@ -1,8 +1,8 @@
-"""Source `nvml`: memory of the GPUs the engines use, through NVML (nvidia-ml-py).
+"""Collector `nvml`: memory of the GPUs the engines use, through NVML (nvidia-ml-py).
 
 GPUs are published in the order of the visible devices (the vLLM container's
 CUDA_VISIBLE_DEVICES), which is how vLLM's workers number them. No driver is "no data",
-not an error: the source then registers no target, so readiness does not wait for it.
+not an error: the collector then registers no target, so readiness does not wait for it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from exporter.errors import ConfigError
-from exporter.sources.nvml_reader import (
+from exporter.collectors.nvml_reader import (
     GpuReading,
     NVMLError,
     NvmlSession,
@@ -25,7 +24,8 @@ from exporter.sources.nvml_reader import (
     load_library,
     parse_visible_devices,
 )
-from exporter.sources.registry import SourceSpec, register_source
+from exporter.collectors.registry import CollectorSpec, register_collector
+from exporter.errors import ConfigError
 from exporter.state import StateSink
 
 log = structlog.get_logger("kvcap.nvml")
@@ -44,7 +44,7 @@ class NvmlSettings:
     max_backoff_s: float = 300.0
 
 
-class NvmlSource:
+class NvmlCollector:
     """One thread: initialises NVML, reads the GPUs every poll interval, and re-initialises
     with exponential backoff when the driver or a GPU stops answering."""
 
@@ -67,7 +67,7 @@ class NvmlSource:
 
 
 class NvmlPoller:
-    """The source's loop, one poll at a time (tests drive `poll_once` directly)."""
+    """The collector's loop, one poll at a time (tests drive `poll_once` directly)."""
 
     def __init__(self, settings: NvmlSettings, sink: StateSink, stop: threading.Event) -> None:
         self.settings = settings
@@ -97,7 +97,7 @@ class NvmlPoller:
         try:
             return self.poll_once()
         except Exception as error:
-            log.exception("nvml poll failed")
+            log.exception("nvml_poll_failed")
             if self.registered:
                 self.sink.fail(NAME, TARGET, "internal", repr(error))
             self.close()
@@ -140,7 +140,7 @@ class NvmlPoller:
                 self.sink.fail(NAME, TARGET, error_reason(error), f"nvmlInit: {error}")
             elif not self.announced_no_driver:
                 self.announced_no_driver = True
-                log.info("no NVIDIA driver: nvml collector reports no data", error=str(error))
+                log.info("nvml_no_driver", error=str(error))
             return False
         self.session = session
         self.open_failures = 0
@@ -164,9 +164,9 @@ class NvmlPoller:
             )
         failed = {failure.device: failure for failure in reading.failures}
         for device in failed.keys() - self.failing:
-            log.warning("gpu failed", device=device, error=failed[device].message)
+            log.warning("gpu_failed", device=device, error=failed[device].message)
         for device in self.failing - failed.keys():
-            log.info("gpu recovered", device=device)
+            log.info("gpu_recovered", device=device)
         self.failing = set(failed)
         if reading.failures and not reading.gpus:
             message = "; ".join(failure.message for failure in reading.failures)
@@ -209,13 +209,13 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
     )
 
 
-def _build(args: argparse.Namespace) -> NvmlSource:
+def _build(args: argparse.Namespace) -> NvmlCollector:
     if args.nvml_poll_interval <= 0:
         raise ConfigError("--nvml.poll-interval must be positive")
     visible = args.nvml_visible_devices
     if visible is None:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return NvmlSource(
+    return NvmlCollector(
         NvmlSettings(
             poll_interval_s=args.nvml_poll_interval,
             visible_devices=parse_visible_devices(visible) if visible is not None else None,
@@ -224,8 +224,8 @@ def _build(args: argparse.Namespace) -> NvmlSource:
     )
 
 
-register_source(
-    SourceSpec(
+register_collector(
+    CollectorSpec(
         name=NAME,
         help="read GPU memory, processes and MIG devices through NVML",
         default_enabled=True,

@@ -11,7 +11,7 @@ from typing import Protocol
 
 
 class FetchError(Exception):
-    """A failed fetch; `reason` is the `kvcap_source_errors_total` reason label."""
+    """A failed fetch; `reason` is the `kvcap_collector_errors_total` reason label."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
@@ -19,7 +19,7 @@ class FetchError(Exception):
 
 
 class Fetcher(Protocol):
-    """The seam between the HTTP source and the network (tests may swap it)."""
+    """The seam between the HTTP collector and the network (tests may swap it)."""
 
     def __call__(self, url: str, *, timeout_s: float, max_bytes: int) -> bytes: ...
 

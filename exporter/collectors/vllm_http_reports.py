@@ -17,9 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from exporter.capacity import CapacityResult, EngineSettings, derive_capacity
-from exporter.errors import ConfigError, KvcapError
-from exporter.sources.parsing import (
+from exporter.capacity import CapacityResult, EngineCapacity, EngineSettings, derive_capacity
+from exporter.collectors.parsing import (
     CacheConfigInfo,
     MalformedExposition,
     Sample,
@@ -28,8 +27,8 @@ from exporter.sources.parsing import (
     parse_vllm_metrics,
     to_engine_settings,
 )
-from exporter.state import EngineReport, KvUsage, ReportedCapacity
-from exporter.state.records import engine_number, engine_sort_key
+from exporter.errors import ConfigError, KvcapError
+from exporter.state import EngineReport, KvUsage, engine_number, engine_sort_key
 
 # The capacity model of one model config; raises KvcapError when it cannot give a number.
 # Derivations are cached by their inputs: they change only when an engine restarts.
@@ -43,7 +42,6 @@ class ServerDocuments:
     metrics: str
     models: Mapping[str, Any] | None = None
     version: Mapping[str, Any] | None = None
-    kv_event_sources: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +88,11 @@ def read_server(
     for engine in engines:
         info = infos.get(engine)
         blocks = _engine_blocks(info, len(infos))
-        reported = ReportedCapacity(
+        reported = EngineCapacity(
             num_gpu_blocks=blocks,
             block_size=info.block_size if info else None,
             kv_cache_size_tokens=info.kv_cache_size_tokens if info else None,
-            max_concurrency=info.kv_cache_max_concurrency if info else None,
+            kv_cache_max_concurrency=info.kv_cache_max_concurrency if info else None,
             max_model_len=max_model_len,
             cache_dtype=info.cache_dtype if info else None,
         )
@@ -188,7 +186,7 @@ def _derive(
     max_model_len: int | None,
     blocks: int | None,
     derive: Deriver | None,
-) -> tuple[CapacityResult | None, str | None]:
+) -> tuple[EngineCapacity | None, str | None]:
     if derive is None:
         return None, "no model config.json (give --model.config or serve a local model path)"
     if args is None:
@@ -202,7 +200,7 @@ def _derive(
             settings = replace(settings, max_model_len=max_model_len)
         if info is not None and info.cache_dtype and settings.kv_cache_dtype == "auto":
             settings = replace(settings, kv_cache_dtype=info.cache_dtype)
-        return derive(settings, blocks), None
+        return derive(settings, blocks).capacity, None
     except KvcapError as error:
         return None, str(error)
     except (ArithmeticError, ValueError, TypeError, KeyError, IndexError, MemoryError) as error:

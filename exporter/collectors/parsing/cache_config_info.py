@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from exporter.sources.parsing.exposition import MalformedExposition, Sample
+from exporter.collectors.parsing.exposition import MalformedExposition, Sample
 
 FAMILY = "vllm:cache_config_info"
 

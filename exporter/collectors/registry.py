@@ -1,0 +1,52 @@
+"""Collectors register themselves here; the command line derives --collector.<name> from it."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from exporter.state import StateSink
+
+
+class Collector(Protocol):
+    """A running collector: reads one outside interface and writes what changed into the
+    state."""
+
+    name: str
+
+    def start(self, sink: StateSink) -> None:
+        """Start in the background (threads); return at once."""
+
+    def stop(self, timeout_s: float) -> None:
+        """Stop and join within `timeout_s`."""
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorSpec:
+    name: str
+    help: str
+    default_enabled: bool
+    add_arguments: Callable[[argparse._ArgumentGroup], None]
+    # Builds the collector from parsed flags; None when it has nothing to read (a sentinel
+    # for "no data", not an error: e.g. no --vllm.url given).
+    build: Callable[[argparse.Namespace], Collector | None]
+    # When two collectors describe one engine, each figure comes from the one with the
+    # lowest priority that knows it.
+    priority: int = 100
+
+
+COLLECTORS: dict[str, CollectorSpec] = {}
+
+
+def register_collector(spec: CollectorSpec) -> CollectorSpec:
+    if spec.name in COLLECTORS:
+        raise RuntimeError(f"collector {spec.name} is registered twice")
+    COLLECTORS[spec.name] = spec
+    return spec
+
+
+def collector_priority() -> dict[str, int]:
+    """Each registered collector's rank for merging engines (the state's `priority`)."""
+    return {spec.name: spec.priority for spec in COLLECTORS.values()}
