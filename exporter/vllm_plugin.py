@@ -255,15 +255,19 @@ def _group_extra(group: Any, vllm_config: Any) -> GroupExtra:
 
 
 def _bytes_per_block(kv_cache_config: Any) -> int | None:
-    """One worker's bytes per block, or None when the layout is not vLLM 0.33's."""
-    # In 0.33 every KVCacheTensor of a worker views one backing allocation of `size` bytes
-    # (cache groups overlay it), so size / num_blocks is what one block costs that worker.
+    """One worker's bytes per block, or None when the layout is not one vLLM has used."""
     tensors = [t for t in kv_cache_config.kv_cache_tensors if not getattr(t, "host_resident", 0)]
-    sizes = {tensor.size for tensor in tensors}
-    num_blocks = kv_cache_config.num_blocks
-    if len(sizes) != 1 or not hasattr(tensors[0], "block_stride") or num_blocks <= 0:
+    num_blocks = int(kv_cache_config.num_blocks)
+    if not tensors or num_blocks <= 0:
         return None
-    return int(sizes.pop()) // int(num_blocks)
+    if hasattr(tensors[0], "layers") or getattr(tensors[0], "block_stride", None):
+        # From 0.32 on (tensors name `layers`), and in the packed layout before, every
+        # KVCacheTensor views one backing allocation of `size` bytes (groups overlay it).
+        sizes = {int(tensor.size) for tensor in tensors}
+        return sizes.pop() // num_blocks if len(sizes) == 1 else None
+    # Before 0.32 (tensors name `shared_by`) each tensor is an allocation of its own,
+    # shared by one layer of every group: a block costs one page of each.
+    return sum(int(tensor.size) for tensor in tensors) // num_blocks
 
 
 def _extras(engine: Any, response: Any) -> ReadyExtras:

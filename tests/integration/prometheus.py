@@ -22,7 +22,13 @@ def free_port() -> int:
 
 
 class Prometheus:
-    def __init__(self, workdir: Path, targets: list[str], scrape_interval: str = "1s") -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        targets: list[str],
+        scrape_interval: str = "1s",
+        labels: dict[str, str] | None = None,
+    ) -> None:
         self.binary = require_tool("prometheus")
         self.port = free_port()
         self.workdir = workdir
@@ -33,7 +39,8 @@ class Prometheus:
             f"  scrape_timeout: {scrape_interval}\n"
             "scrape_configs:\n"
             "  - job_name: kvcap\n"
-            f"    static_configs: [{{targets: {json.dumps(targets)}}}]\n"
+            f"    static_configs: [{{targets: {json.dumps(targets)}, "
+            f"labels: {json.dumps(labels or {})}}}]\n"
         )
         self.config = config
         self.process: subprocess.Popen[bytes] | None = None

