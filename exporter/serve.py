@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -19,6 +19,8 @@ from exporter.exposition.app import build_routes
 from exporter.logs import LEVELS, configure_logging
 from exporter.state import StateStore
 from exporter.web import WebServer
+from exporter.web.counters import WebCounters
+from exporter.web.server import DEFAULT_MAX_CONNECTIONS
 
 log = structlog.get_logger("kvcap.serve")
 
@@ -38,13 +40,35 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         "--web.config.file",
         dest="web_config_file",
         type=Path,
-        help="exporter-toolkit web config: TLS and basic auth",
+        help="exporter-toolkit web config: TLS and basic auth; re-read on change and on SIGHUP",
+    )
+    web.add_argument(
+        "--web.config.allow-downgrade",
+        dest="web_config_allow_downgrade",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="accept a changed web config that turns basic auth off or weakens TLS client "
+        "checks (default: refuse it and keep the old one)",
+    )
+    web.add_argument(
+        "--web.max-requests",
+        dest="web_max_requests",
+        type=_non_negative_int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help=f"most open HTTP connections, each on its own thread; 0: no limit "
+        f"(default {DEFAULT_MAX_CONNECTIONS})",
     )
     logging = parser.add_argument_group("logging")
     logging.add_argument("--log.level", dest="log_level", choices=LEVELS, default="info")
     logging.add_argument(
         "--log.format", dest="log_format", choices=("logfmt", "json"), default="logfmt"
     )
+
+
+def _non_negative_int(text: str) -> int:
+    if not text.strip().isdigit() or len(text.strip()) > 9:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+    return int(text)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -89,14 +113,21 @@ class Exporter:
         listen_address: str,
         web_config_file: Path | None = None,
         store: StateStore | None = None,
+        *,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        allow_downgrade: bool = False,
     ) -> None:
         self.store = store or StateStore(priority=collector_priority())
         self.collectors = list(collectors)
-        cache = ExpositionCache(self.store.snapshot)
+        counters = WebCounters()
+        cache = ExpositionCache(self.store.snapshot, per_scrape=[counters])
         self.server = WebServer(
             listen_address,
             build_routes(self.store.snapshot, cache),
             web_config_file=web_config_file,
+            max_connections=max_connections,
+            allow_downgrade=allow_downgrade,
+            counters=counters,
         )
 
     def start(self) -> None:
@@ -119,14 +150,18 @@ class Exporter:
 
 
 class StopSignals:
-    """SIGTERM and SIGINT set an event. Install before anything starts, so a signal that
-    arrives during start-up still stops the process cleanly."""
+    """SIGTERM and SIGINT stop, SIGHUP asks for a web config reload. Installed before
+    anything starts, so a signal that arrives during start-up still stops the process
+    cleanly (SIGHUP's default action would kill it without a word, leaving the handshake
+    socket file behind)."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.received: list[str] = []
+        self._reloads_asked = 0
         signal.signal(signal.SIGTERM, self._handle)
         signal.signal(signal.SIGINT, self._handle)
+        signal.signal(signal.SIGHUP, self._handle_hup)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         # Only set the event: a handler that logged could deadlock on the logger's lock,
@@ -134,18 +169,38 @@ class StopSignals:
         self.received.append(signal.Signals(signum).name)
         self.event.set()
 
-    def wait(self) -> None:
-        self.event.wait()
-        log.info("exporter_stopping", signal=self.received[0] if self.received else None)
+    def _handle_hup(self, signum: int, frame: FrameType | None) -> None:
+        self._reloads_asked += 1
+        self.event.set()
+
+    def wait(self, on_reload: Callable[[], None] = lambda: None) -> None:
+        """Until SIGTERM or SIGINT; each SIGHUP meanwhile calls `on_reload` (main thread)."""
+        handled = 0
+        while True:
+            self.event.wait()
+            self.event.clear()
+            if self.received:
+                break
+            while handled < self._reloads_asked:
+                handled = self._reloads_asked
+                log.info("exporter_reloading", signal="SIGHUP")
+                on_reload()
+        log.info("exporter_stopping", signal=self.received[0])
 
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
     stop = StopSignals()
-    exporter = Exporter(build_collectors(args), args.web_listen_address, args.web_config_file)
+    exporter = Exporter(
+        build_collectors(args),
+        args.web_listen_address,
+        args.web_config_file,
+        max_connections=args.web_max_requests,
+        allow_downgrade=args.web_config_allow_downgrade,
+    )
     try:
         exporter.start()
-        stop.wait()
+        stop.wait(on_reload=exporter.server.reload_web_config)
     finally:
         exporter.stop()
     return 0

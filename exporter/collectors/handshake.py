@@ -8,6 +8,7 @@ headless data-parallel nodes and it carries vLLM's exact per-engine numbers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import threading
 import time
@@ -230,6 +231,7 @@ class HandshakeCollector:
             self._thread.join(timeout_s)
         if self._socket is not None:
             self._socket.close(linger=0)
+            _remove_ipc_file(self.settings.endpoint)
         self._context.term()
 
 
@@ -245,6 +247,16 @@ def _prepare_ipc_directory(endpoint: str) -> None:
             os.unlink(path)  # a stale socket file from a previous run
     except OSError as error:  # read-only, not ours, or a file where a directory should be
         raise ConfigError(f"--handshake.listen {endpoint}: {error}") from None
+
+
+def _remove_ipc_file(endpoint: str) -> None:
+    """The socket file goes with the socket, so no plugin pushes into a path nobody reads."""
+    if not endpoint.startswith("ipc://"):
+        return
+    path = Path(endpoint.removeprefix("ipc://"))
+    with contextlib.suppress(OSError):  # gone already, or the folder went with it
+        if path.is_socket():
+            path.unlink()
 
 
 def _add_arguments(group: argparse._ArgumentGroup) -> None:

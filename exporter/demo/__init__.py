@@ -122,5 +122,5 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         simulation, exporter = running
         out.write(summary(exporter, simulation))
         out.flush()
-        stop.wait()
+        stop.wait(on_reload=exporter.server.reload_web_config)
     return 0

@@ -2,15 +2,17 @@
 
 The exposition is a pure function of the snapshot, so it is rendered when the snapshot
 changes and served as bytes until the next change. Only the process_* series (CPU,
-memory of this process) are rendered per scrape, and appended.
+memory of this process) and the counters of what the HTTP server refused are rendered per
+scrape, and appended.
 """
 
 from __future__ import annotations
 
 import gzip
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client import exposition as text_format
@@ -26,6 +28,12 @@ _EOF = b"# EOF\n"
 # Fast compression: bodies are re-compressed only when the snapshot changes, but a
 # smaller level keeps that cheap for large deployments.
 _GZIP_LEVEL = 6
+
+
+class Collector(Protocol):
+    """prometheus_client's collector protocol: fresh families on each call."""
+
+    def collect(self) -> Iterable[Metric]: ...
 
 
 class _Families:
@@ -103,11 +111,18 @@ def wants_gzip(accept_encoding: str | None) -> bool:
 class ExpositionCache:
     """Serves the /metrics body for the current snapshot, rendering it at most once."""
 
-    def __init__(self, snapshot: Callable[[], Snapshot], *, process_metrics: bool = True) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], Snapshot],
+        *,
+        process_metrics: bool = True,
+        per_scrape: Sequence[Collector] = (),
+    ) -> None:
         self._snapshot = snapshot
         self._lock = threading.Lock()
         self._rendered: _Rendered | None = None
-        self._process = ProcessCollector(registry=None) if process_metrics else None
+        process = [ProcessCollector(registry=None)] if process_metrics else []
+        self._per_scrape_collectors: list[Collector] = [*per_scrape, *process]
 
     def body(self, *, accept: str | None = None, accept_encoding: str | None = None) -> Body:
         rendered = self._current()
@@ -135,6 +150,7 @@ class ExpositionCache:
         return rendered
 
     def _per_scrape(self, openmetrics: bool) -> bytes:
-        if self._process is None:
+        if not self._per_scrape_collectors:
             return _EOF if openmetrics else b""
-        return _render(self._process.collect(), openmetrics)
+        families = [f for collector in self._per_scrape_collectors for f in collector.collect()]
+        return _render(families, openmetrics)

@@ -7,6 +7,8 @@ import binascii
 import hashlib
 import hmac
 import threading
+import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Final
 
@@ -22,6 +24,12 @@ _DEFAULT_COST: Final = 10
 # Only successes are cached, so the cache grows with real credentials, not with attempts;
 # the bound only matters for a client that cycles through passwords longer than bcrypt reads.
 _MAX_CACHED: Final = 1024
+# bcrypt checks that run at once (the chart gives the sidecar about one core), how many may
+# wait per client address, and for how long, so a flood of bad passwords is answered
+# quickly and in turns with other clients instead of queueing up behind one lock.
+BCRYPT_SLOTS: Final = 2
+_MAX_WAITING_PER_PEER: Final = 4
+_MAX_WAIT_S: Final = 2.0
 
 
 class BasicAuth:
@@ -31,10 +39,12 @@ class BasicAuth:
     wrong password does, so response times do not tell which user names exist. Successful
     checks are remembered by a SHA-256 of user, password and hash, so a scraper that sends
     the same credentials every 15 s pays bcrypt once; failures always pay it. bcrypt runs
-    under a lock, so a flood of bad attempts takes one core, not all of them.
+    in BCRYPT_SLOTS slots handed out in turns by client address (`peer`), so a flood from
+    one address delays another address's first login by at most a few bcrypt checks; a
+    check that finds its address's queue full, or waits past its bound, fails at once.
     """
 
-    __slots__ = ("_bcrypt_lock", "_dummy_hash", "_users", "_verified")
+    __slots__ = ("_dummy_hash", "_slots", "_users", "_verified")
 
     def __init__(self, users: Mapping[str, bytes | str]) -> None:
         self._users = tuple(
@@ -45,13 +55,17 @@ class BasicAuth:
         cost = max((int(hashed[4:6]) for _, hashed in self._users), default=_DEFAULT_COST)
         self._dummy_hash = bcrypt.hashpw(b"kvcap: no such user", bcrypt.gensalt(rounds=cost))
         self._verified: set[bytes] = set()
-        self._bcrypt_lock = threading.Lock()
+        self._slots = FairSlots(BCRYPT_SLOTS)
 
-    def check(self, authorization_header: str | None) -> bool:
+    def check(self, authorization_header: str | None, peer: str = "") -> bool:
         """True when the header carries a configured user name and its password."""
+        return self.verdict(authorization_header, peer) == "ok"
+
+    def verdict(self, authorization_header: str | None, peer: str = "") -> str:
+        """ "ok", "unauthorized", or "busy" when no bcrypt slot was free for `peer` in time."""
         credentials = _parse_basic(authorization_header)
         if credentials is None:
-            return False
+            return "unauthorized"
         user, password = credentials
         known = False
         stored = self._dummy_hash
@@ -62,21 +76,75 @@ class BasicAuth:
                 known, stored = True, hashed
         key = _cache_key(user, password, stored)
         if known and key in self._verified:
-            return True
-        matches = self._bcrypt_matches(password, stored)
+            return "ok"
+        if not self._slots.acquire(peer, _MAX_WAIT_S):
+            return "busy"
+        try:
+            matches = self._bcrypt_matches(password, stored)
+        finally:
+            self._slots.release()
         if not (known and matches):
-            return False
+            return "unauthorized"
         if len(self._verified) >= _MAX_CACHED:
             self._verified.clear()
         self._verified.add(key)
-        return True
+        return "ok"
 
     def _bcrypt_matches(self, password: bytes, stored: bytes) -> bool:
         too_long = len(password) > _MAX_PASSWORD_BYTES
-        with self._bcrypt_lock:
-            # A too-long password still pays for one check, so it is no faster to refuse.
-            matches = bcrypt.checkpw(password[:_MAX_PASSWORD_BYTES], stored)
+        # A too-long password still pays for one check, so it is no faster to refuse.
+        matches = bcrypt.checkpw(password[:_MAX_PASSWORD_BYTES], stored)
         return matches and not too_long
+
+
+class FairSlots:
+    """`slots` permits, handed out in turns by peer: a peer's next waiter goes to the back.
+
+    At most _MAX_WAITING_PER_PEER wait per peer; acquire() is False at once beyond that,
+    and after `timeout_s` of waiting.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self._free = slots
+        self._condition = threading.Condition()
+        self._waiting: dict[str, deque[object]] = {}
+        self._turns: deque[str] = deque()  # peers with waiters, the next one to serve first
+
+    def acquire(self, peer: str, timeout_s: float) -> bool:
+        ticket = object()
+        deadline = time.monotonic() + timeout_s
+        with self._condition:
+            queue = self._waiting.get(peer)
+            if queue is None:
+                queue = self._waiting[peer] = deque()
+                self._turns.append(peer)
+            if len(queue) >= _MAX_WAITING_PER_PEER:
+                return False
+            queue.append(ticket)
+            while not (self._free > 0 and self._turns[0] == peer and queue[0] is ticket):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._leave(peer, queue, ticket, served=False)
+                    return False
+                self._condition.wait(remaining)
+            self._free -= 1
+            self._leave(peer, queue, ticket, served=True)
+            return True
+
+    def release(self) -> None:
+        with self._condition:
+            self._free += 1
+            self._condition.notify_all()
+
+    def _leave(self, peer: str, queue: deque[object], ticket: object, *, served: bool) -> None:
+        queue.remove(ticket)
+        if not queue:
+            self._turns.remove(peer)
+            del self._waiting[peer]
+        elif served:  # its next waiter waits for the other peers' turns
+            self._turns.remove(peer)
+            self._turns.append(peer)
+        self._condition.notify_all()
 
 
 def _checked_hash(name: str, hashed: bytes | str) -> bytes:

@@ -2,33 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import http
 import socket
+import socketserver
 import ssl
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 from urllib.parse import parse_qs
 
 import structlog
 
+from exporter.web.head import BadHead, HeadReader, HeadTimeout, RequestHead, parse_head
 from exporter.web.messages import Request, Response
 
 if TYPE_CHECKING:
-    from exporter.web.server import ThreadedServer
+    from exporter.web.server import Connection, ThreadedServer
 
 _log = structlog.get_logger("kvcap.web")
 
-# Longer than the usual scrape intervals (15-60 s), so Prometheus keeps one connection
-# between scrapes instead of paying a TCP (and TLS) handshake each time.
-IDLE_TIMEOUT_S: Final = 120.0
+# Longer than a 60 s scrape interval, so Prometheus keeps one connection between scrapes
+# instead of paying a TCP (and TLS) handshake each time; idle ones are also the first to be
+# closed when the server is at --web.max-requests.
+IDLE_TIMEOUT_S: Final = 65.0
+# A new connection must start its request this soon, and every head (and the small body a
+# client may send) must be complete this long after its first byte: a slowloris client
+# that trickles a byte at a time holds a connection for at most this.
+FIRST_BYTE_TIMEOUT_S: Final = 10.0
+HEAD_DEADLINE_S: Final = 10.0
 HANDSHAKE_TIMEOUT_S: Final = 10.0
 # A small request body (no route takes one) is read and dropped to keep the connection
 # usable; a larger one ends the connection after the answer.
 _MAX_DISCARDED_BODY_BYTES: Final = 64 * 1024
-_MAX_REQUEST_LINE_BYTES: Final = 65536
 _ALLOWED_METHODS: Final = ("GET", "HEAD")
 _REASONS: Final = {status.value: status.phrase for status in http.HTTPStatus}
 _TEXT: Final = "text/plain; charset=utf-8"
@@ -36,156 +43,170 @@ _TEXT: Final = "text/plain; charset=utf-8"
 _UNAUTHORIZED: Final = Response(
     401, b"Unauthorized\n", _TEXT, (("WWW-Authenticate", 'Basic realm="kvcap"'),)
 )
+_AUTH_BUSY: Final = Response(
+    503, b"Too many login attempts; retry\n", _TEXT, (("Retry-After", "1"),)
+)
 _METHOD_NOT_ALLOWED: Final = Response(
     405, b"Method Not Allowed\n", _TEXT, (("Allow", ", ".join(_ALLOWED_METHODS)),)
 )
 _NOT_FOUND: Final = Response(404, b"404 page not found\n", _TEXT)
 _INTERNAL_ERROR: Final = Response(500, b"Internal Server Error\n", _TEXT)
+_REQUEST_TIMEOUT: Final = Response(408, b"Request Timeout\n", _TEXT)
 
 
-class ConnectionHandler(BaseHTTPRequestHandler):
+def error_response(status: int) -> Response:
+    """A plain-text answer with the status' phrase as body."""
+    return Response(status, f"{_REASONS.get(status, 'Error')}\n".encode(), _TEXT)
+
+
+class ConnectionHandler(socketserver.BaseRequestHandler):
     """Serves the requests of one connection, keep-alive, after an optional TLS handshake.
 
     The handshake runs on the connection's own thread with a timeout, so a slow or refused
-    client holds up only itself. Basic auth is checked before the method and the route, as
-    exporter-toolkit wraps the whole mux, so an unauthenticated client learns nothing about
-    which paths exist.
+    client holds up only itself. Each head is read whole, within its byte budget and
+    deadline, before it is parsed; then basic auth is checked before the method and the
+    route, as exporter-toolkit wraps the whole mux, so an unauthenticated client learns
+    nothing about which paths exist. A head that is not strictly well-formed is answered
+    with 400 (or 408, 414, 431, 505) and the connection is closed, so nothing a client sends
+    after it can be read as a second request.
     """
 
     server: ThreadedServer
-    protocol_version = "HTTP/1.1"
-    # Not http.server's HTTP/0.9, whose error answers have no status line; no scraper
-    # speaks 0.9, and an unreadable request line should still get a readable "400".
-    default_request_version = "HTTP/1.0"
-    timeout = IDLE_TIMEOUT_S
-    disable_nagle_algorithm = True  # the response is complete when written: send it now
-    _usable = False
 
     def setup(self) -> None:
-        raw: socket.socket = self.request
-        if not self.server.track(raw):
+        self._connection: Connection | None = self.server.track(self.request)
+
+    def handle(self) -> None:
+        connection = self._connection
+        if connection is None:
             return
+        raw: socket.socket = self.request
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # before the TLS handshake
         context = self.server.watcher.state.ssl_context
-        if context is not None:
-            tls = self._handshake(raw, context)
-            if tls is None:
-                return
-            self.request = tls
-        self._usable = True
-        super().setup()
+        if context is not None and self._handshake(connection, raw, context) is None:
+            return
+        reader = HeadReader(self.request, connection.reading)
+        wait_s = FIRST_BYTE_TIMEOUT_S
+        while self._serve_one(connection, reader, wait_s):
+            wait_s = IDLE_TIMEOUT_S
 
-    def _handshake(self, raw: socket.socket, context: ssl.SSLContext) -> ssl.SSLSocket | None:
+    def finish(self) -> None:
+        if self._connection is not None:
+            self.server.untrack(self._connection)
+        self.request.close()
+
+    def _handshake(
+        self, connection: Connection, raw: socket.socket, context: ssl.SSLContext
+    ) -> ssl.SSLSocket | None:
         raw.settimeout(HANDSHAKE_TIMEOUT_S)
         try:
             tls = context.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
         except (OSError, ValueError):  # the client is gone already; wrap_socket closed it
-            self.server.untrack(raw)
             return None
-        if not self.server.track(tls, replaces=raw):
-            tls.close()
+        self.request = tls  # the TLS socket owns the file descriptor now; finish() closes it
+        if not self.server.replace_socket(connection, tls):
             return None
         try:
             tls.do_handshake()
         except (OSError, ValueError) as exc:  # ssl.SSLError and timeouts are OSErrors
             _log.debug("tls_handshake_failed", client=self.client_address[0], error=str(exc))
-            self.server.untrack(tls)
-            tls.close()
             return None
         return tls
 
-    def handle(self) -> None:
-        if self._usable:
-            super().handle()
+    def _serve_one(self, connection: Connection, reader: HeadReader, wait_s: float) -> bool:
+        """Read, check and answer one request; False when the connection is to close."""
+        head = self._next_head(connection, reader, wait_s)
+        if head is None:
+            return False
+        keep_alive = head.keep_alive
+        if head.content_length > _MAX_DISCARDED_BODY_BYTES:
+            keep_alive = False
+        elif head.content_length and not reader.discard_body(head.content_length, HEAD_DEADLINE_S):
+            return self._refuse(_REQUEST_TIMEOUT, "body_timeout")
+        response = self._respond(head)
+        self._send(head, response, keep_alive=keep_alive)
+        return keep_alive
 
-    def finish(self) -> None:
-        if not self._usable:
-            return
+    def _next_head(
+        self, connection: Connection, reader: HeadReader, wait_s: float
+    ) -> RequestHead | None:
+        """The next well-formed head; None (after answering a bad one) to close."""
+        connection.idle()
         try:
-            super().finish()
-        finally:
-            self.server.untrack(self.request)
-            self.request.close()
+            raw_head = reader.read_head(wait_s, HEAD_DEADLINE_S)
+            if raw_head is None:
+                if wait_s == FIRST_BYTE_TIMEOUT_S:
+                    self.server.counters.reject("first_byte_timeout")
+                return None
+            connection.busy()
+            return parse_head(raw_head)
+        except BadHead as bad:
+            self._refuse(error_response(bad.status), bad.reason)
+        except HeadTimeout:
+            self._refuse(_REQUEST_TIMEOUT, "head_timeout")
+        except OSError:  # reset, shut down by stop() or an eviction, or a TLS error
+            pass
+        return None
 
-    def handle_one_request(self) -> None:
-        # http.server's version, without its do_<METHOD> dispatch (which answers 501) and
-        # with the response head and body written in one sendall.
-        try:
-            self.raw_requestline = self.rfile.readline(_MAX_REQUEST_LINE_BYTES + 1)
-        except OSError:  # idle timeout, reset, or a TLS error from the client
-            self.close_connection = True
-            return
-        if not self.raw_requestline:
-            self.close_connection = True
-            return
-        if len(self.raw_requestline) > _MAX_REQUEST_LINE_BYTES:
-            self.requestline = self.request_version = self.command = ""
-            self.send_error(http.HTTPStatus.REQUEST_URI_TOO_LONG)
-            return
-        if not self.parse_request():  # it has answered 400/414/431/505 already
-            return
-        self._discard_body()
-        response = self._respond()
-        self._send(response, with_body=self.command != "HEAD")
+    def _refuse(self, response: Response, reason: str) -> bool:
+        self.server.counters.reject(reason)
+        with contextlib.suppress(OSError):  # the client is gone already
+            self._write(_head_bytes(response, ("Connection: close",)) + response.body)
+        return False
 
-    def _respond(self) -> Response:
+    def _respond(self, head: RequestHead) -> Response:
+        self.server.watcher.maybe_reload()
         auth = self.server.watcher.state.auth
-        if auth is not None and not auth.check(self.headers.get("Authorization")):
-            return _UNAUTHORIZED
-        if self.command not in _ALLOWED_METHODS:
+        if auth is not None:
+            verdict = auth.verdict(head.header("authorization"), str(self.client_address[0]))
+            if verdict != "ok":
+                self.server.counters.reject("unauthorized" if verdict != "busy" else "auth_busy")
+                return _UNAUTHORIZED if verdict != "busy" else _AUTH_BUSY
+        if head.method not in _ALLOWED_METHODS:
             return _METHOD_NOT_ALLOWED
-        path, _, query = self.path.partition("?")
+        path, _, query = head.target.partition("?")
         handler = self.server.routes.get(path)
         if handler is None:
             return _NOT_FOUND
         request = Request(
-            method=self.command,
+            method=head.method,
             path=path,
             query=parse_qs(query, keep_blank_values=True) if query else {},
-            headers=_Headers(self.headers.items()),
+            headers=_Headers(head.headers),
         )
         try:
             response = handler(request)
             _check_headers((("Content-Type", response.content_type), *response.headers))
         except Exception:
-            _log.exception("web_handler_failed", method=self.command, path=path)
+            _log.exception("web_handler_failed", method=head.method, path=path)
             return _INTERNAL_ERROR
         return response
 
-    def _send(self, response: Response, *, with_body: bool) -> None:
-        lines = [
-            f"HTTP/1.1 {response.status} {_REASONS.get(response.status, '')}",
-            f"Date: {_DATE.now()}",
-            f"Content-Type: {response.content_type}",
-            f"Content-Length: {len(response.body)}",
-        ]
-        lines.extend(f"{name}: {value}" for name, value in response.headers)
-        if self.close_connection:
-            lines.append("Connection: close")
-        elif self.request_version == "HTTP/1.0":  # 1.0 clients close unless told otherwise
-            lines.append("Connection: keep-alive")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
-        self.connection.sendall(head + response.body if with_body else head)
+    def _send(self, head: RequestHead, response: Response, *, keep_alive: bool) -> None:
+        extra: tuple[str, ...] = ()
+        if not keep_alive:
+            extra = ("Connection: close",)
+        elif head.version == "HTTP/1.0":  # 1.0 clients close unless told otherwise
+            extra = ("Connection: keep-alive",)
+        data = _head_bytes(response, extra)
+        with contextlib.suppress(OSError):  # the client is gone already
+            self._write(data + response.body if head.method != "HEAD" else data)
 
-    def _discard_body(self) -> None:
-        if self.headers.get("Transfer-Encoding"):
-            self.close_connection = True
-            return
-        length = self.headers.get("Content-Length")
-        if length is None:
-            return
-        try:
-            size = int(length)
-        except ValueError:
-            size = -1
-        if 0 <= size <= _MAX_DISCARDED_BODY_BYTES:
-            self.rfile.read(size)
-        else:
-            self.close_connection = True
+    def _write(self, data: bytes) -> None:
+        self.request.settimeout(HEAD_DEADLINE_S)
+        self.request.sendall(data)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        # http.server writes one stderr line per request; kvcap logs state changes only.
-        pass
+
+def _head_bytes(response: Response, extra: tuple[str, ...]) -> bytes:
+    lines = [
+        f"HTTP/1.1 {response.status} {_REASONS.get(response.status, '')}",
+        f"Date: {_DATE.now()}",
+        f"Content-Type: {response.content_type}",
+        f"Content-Length: {len(response.body)}",
+    ]
+    lines.extend(f"{name}: {value}" for name, value in response.headers)
+    lines.extend(extra)
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
 
 
 class _Headers(Mapping[str, str]):
@@ -236,3 +257,9 @@ def _check_headers(headers: Iterable[tuple[str, str]]) -> None:
         text = name + value
         if "\n" in text or "\r" in text or not text.isascii():
             raise ValueError(f"response header {name!r} has a line break or non-ASCII text")
+
+
+def overloaded_answer() -> bytes:
+    """The 503 sent, without waiting, to a connection over --web.max-requests."""
+    response = Response(503, b"Service Unavailable: too many connections\n", _TEXT)
+    return _head_bytes(response, ("Connection: close", "Retry-After: 1")) + response.body

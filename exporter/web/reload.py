@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import ssl
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +15,8 @@ import structlog
 
 from exporter.errors import ConfigError
 from exporter.web.auth import BasicAuth
-from exporter.web.config import WebConfig, build_ssl_context, read_web_config_file
+from exporter.web.config import TlsConfig, WebConfig, build_ssl_context, read_web_config_file
+from exporter.web.counters import WebCounters
 
 _log = structlog.get_logger("kvcap.web")
 
@@ -23,6 +25,14 @@ CHECK_INTERVAL_S: Final = 1.0
 # (mtime, size, inode) of each watched file, None where it cannot be stat'ed. The inode
 # catches an atomic rename, which is how cert-manager and Kubernetes secret volumes swap files.
 _Signature = tuple[tuple[int, int, int] | None, ...]
+# How strictly each client_auth_type checks client certificates, weakest first.
+_CLIENT_AUTH_STRENGTH: Final = {
+    "NoClientCert": 0,
+    "RequestClientCert": 0,
+    "VerifyClientCertIfGiven": 1,
+    "RequireAnyClientCert": 2,
+    "RequireAndVerifyClientCert": 2,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +56,15 @@ def build_serving_state(config: WebConfig) -> ServingState:
 class WebConfigWatcher:
     """Holds the current ServingState, reloading it when the web config or its TLS files change.
 
-    `maybe_reload` is called by the accept loop for each new connection and looks at the
-    files at most once per `check_interval_s`. A file that turns invalid keeps the last good
-    state and is logged once; so is a change that would switch between HTTP and HTTPS, which
-    would silently drop TLS or break every scraper, and needs a restart instead.
+    `maybe_reload` is called for each new connection and each request, from any thread,
+    and looks at the files at most once per `check_interval_s` (a removed user is refused
+    on open keep-alive connections too). `reload` (SIGHUP) looks now. A file that turns
+    invalid keeps the last good state and is logged once; so is a change that would switch
+    between HTTP and HTTPS, which would silently drop TLS or break every scraper, and needs
+    a restart instead. A change that weakens access control (basic auth turned off,
+    client certificates no longer required or verified, a lower TLS version) is refused the
+    same way unless `allow_downgrade`: an emptied or half-written file must not open the
+    exporter to everyone.
     """
 
     def __init__(
@@ -58,10 +73,15 @@ class WebConfigWatcher:
         *,
         check_interval_s: float = CHECK_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        allow_downgrade: bool = False,
+        counters: WebCounters | None = None,
     ) -> None:
         self._path = path
         self._check_interval_s = check_interval_s
         self._clock = clock
+        self._allow_downgrade = allow_downgrade
+        self._counters = counters or WebCounters()
+        self._lock = threading.Lock()
         self._last_check = clock()
         self._watched: tuple[Path, ...] = ()
         self._signature: _Signature = ()
@@ -86,17 +106,34 @@ class WebConfigWatcher:
         now = self._clock()
         if now - self._last_check < self._check_interval_s:
             return
-        self._last_check = now
+        # Whoever takes the lock looks; the others go on with the current state.
+        if not self._lock.acquire(blocking=False):
+            return
         try:
+            self._last_check = now
             self._reload_if_changed(self._path)
-        except Exception:  # the accept loop must survive anything a reload can throw
+        except Exception:  # a request thread must survive anything a reload can throw
             _log.exception("web_config_reload_crashed", file=str(self._path))
+        finally:
+            self._lock.release()
 
-    def _reload_if_changed(self, path: Path) -> None:
+    def reload(self) -> None:
+        """Look at the files now (SIGHUP); like maybe_reload, never raises."""
+        if self._path is None:
+            _log.info("web_config_reload_skipped", reason="no --web.config.file")
+            return
+        with self._lock:
+            self._last_check = self._clock()
+            try:
+                self._reload_if_changed(self._path, force=True)
+            except Exception:
+                _log.exception("web_config_reload_crashed", file=str(self._path))
+
+    def _reload_if_changed(self, path: Path, *, force: bool = False) -> None:
         # Files are stat'ed before they are read, so a write racing with the read is seen
         # as a change on the next look instead of being lost.
         signature = _signature(self._watched)
-        if signature == self._signature:
+        if signature == self._signature and not force:
             return
         watched: tuple[Path, ...] = (path,)
         signature = signature[:1]
@@ -109,11 +146,23 @@ class WebConfigWatcher:
                     "web config tls_server_config: cannot be added or removed while running; "
                     "restart kvcap to switch between HTTP and HTTPS"
                 )
+            downgrade = _downgrade(self._state.config, config)
+            if downgrade and not self._allow_downgrade:
+                self._watched, self._signature = watched, signature
+                self._counters.reload_failed("downgrade")
+                _log.error(
+                    "web_config_reload_refused",
+                    file=str(path),
+                    error=f"the new web config {downgrade}; the old one stays in force "
+                    "(--web.config.allow-downgrade accepts such a change)",
+                )
+                return
             state = build_serving_state(config)
         except ConfigError as exc:
             # The new file's TLS paths are watched from now on, so fixing them triggers
             # the next try; until then nothing changes and nothing more is logged.
             self._watched, self._signature = watched, signature
+            self._counters.reload_failed("invalid")
             _log.error("web_config_reload_failed", file=str(path), error=str(exc))
             return
         self._watched, self._signature, self._state = watched, signature, state
@@ -123,6 +172,23 @@ class WebConfigWatcher:
             tls=config.tls is not None,
             basic_auth_users=len(config.basic_auth_users),
         )
+
+
+def _downgrade(old: WebConfig, new: WebConfig) -> str | None:
+    """How `new` lets in clients that `old` kept out, None when it does not."""
+    if old.basic_auth_users and not new.basic_auth_users:
+        return "turns basic auth off"
+    if old.tls is not None and new.tls is not None:
+        return _tls_downgrade(old.tls, new.tls)
+    return None
+
+
+def _tls_downgrade(old: TlsConfig, new: TlsConfig) -> str | None:
+    if _CLIENT_AUTH_STRENGTH[new.client_auth_type] < _CLIENT_AUTH_STRENGTH[old.client_auth_type]:
+        return f"weakens client_auth_type from {old.client_auth_type} to {new.client_auth_type}"
+    if new.min_version < old.min_version:  # "TLS10" < "TLS12": the names sort by version
+        return f"lowers min_version from {old.min_version} to {new.min_version}"
+    return None
 
 
 def _files_of(path: Path, config: WebConfig) -> tuple[Path, ...]:

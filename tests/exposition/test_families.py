@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.exposition import ExpositionCache
 from exporter.state import StateStore
+from exporter.web.counters import WebCounters
 from tests.state.helpers import reports
 from tests.state.test_gpus import gpu
 from tests.tools import require_tool
@@ -31,7 +32,8 @@ def rich_store() -> StateStore:
 
 
 def text_body(store: StateStore) -> str:
-    return ExpositionCache(store.snapshot).body().content.decode()
+    cache = ExpositionCache(store.snapshot, per_scrape=[WebCounters()])
+    return cache.body().content.decode()
 
 
 def test_engine_values_are_per_engine_and_sum_in_promql_terms() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import statistics
+import threading
 import time
 from collections.abc import Callable
 
@@ -12,6 +13,7 @@ import pytest
 
 from exporter.errors import ConfigError
 from exporter.web import BasicAuth
+from exporter.web.auth import FairSlots
 from tests.web.conftest import ALICE_HASH, ALICE_PASSWORD
 
 
@@ -127,3 +129,33 @@ def test_dummy_hash_follows_the_highest_configured_cost(bcrypt_calls: list[bytes
     auth = BasicAuth({"alice": cheap, "bob": dearer})
     auth.check(basic("mallory", "x"))
     assert bcrypt_calls[-1][:7] == b"$2b$05$"
+
+
+def test_bcrypt_slots_go_round_robin_by_client_address() -> None:
+    slots = FairSlots(1)
+    assert slots.acquire("holder", 5)
+    served: list[str] = []
+
+    def wait_for_a_slot(peer: str) -> None:
+        if slots.acquire(peer, 5):
+            served.append(peer)
+            slots.release()
+
+    def waiting(peer: str) -> int:
+        with slots._condition:
+            return len(slots._waiting.get(peer, ()))
+
+    threads = []
+    for peer, count in (("flood", 4), ("prometheus", 1)):
+        for _ in range(count):
+            thread = threading.Thread(target=wait_for_a_slot, args=(peer,))
+            thread.start()
+            threads.append(thread)
+            while waiting(peer) < (len(threads) if peer == "flood" else 1):
+                time.sleep(0.001)  # each waiter queued before the next one starts
+    # A fifth waiter from the flooding address is refused at once, without a slot.
+    assert not slots.acquire("flood", 5)
+    slots.release()
+    for thread in threads:
+        thread.join(5)
+    assert served == ["flood", "prometheus", "flood", "flood", "flood"]

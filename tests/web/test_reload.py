@@ -17,7 +17,16 @@ import structlog
 from exporter.errors import ConfigError
 from exporter.web import WebServer
 from exporter.web.reload import CHECK_INTERVAL_S, WebConfigWatcher
-from tests.web.conftest import ALICE_HASH, ALICE_PASSWORD, Certs, StartServer, get, tls_config
+from tests.web.conftest import (
+    ALICE_HASH,
+    ALICE_PASSWORD,
+    Certs,
+    StartServer,
+    connect,
+    fetch,
+    get,
+    tls_config,
+)
 from tests.web.test_auth import basic
 
 AUTH = f"basic_auth_users:\n  alice: '{ALICE_HASH}'\n"
@@ -82,8 +91,10 @@ def test_invalid_file_keeps_the_last_good_config_and_logs_once(start_server: Sta
     assert "basic_auth_users.alice" in failures[0]["error"]
     assert failures[0]["log_level"] == "error"
     # A fixed file is picked up again.
-    config_file.write_text("")
-    assert eventually(lambda: get(server.url).status == 200)
+    config_file.write_text(AUTH.replace("alice", "bob"))
+    bob = {"Authorization": basic("bob", ALICE_PASSWORD)}
+    assert eventually(lambda: get(server.url, headers=bob).status == 200)
+    assert get(server.url, headers=authorized).status == 401
 
 
 def test_tls_cannot_be_dropped_by_a_reload(start_server: StartServer, certs: Certs) -> None:
@@ -195,3 +206,88 @@ def test_watcher_start_with_a_bad_file_raises(tmp_path: Path, text: str) -> None
     config_file.write_text(text)
     with pytest.raises(ConfigError):
         WebConfigWatcher(config_file)
+
+
+def test_a_removed_user_is_refused_on_an_open_keep_alive_connection(
+    start_server: StartServer,
+) -> None:
+    server = start_server(AUTH)
+    authorized = {"Authorization": basic("alice", ALICE_PASSWORD)}
+    connection = connect(server.url)
+    assert fetch(connection, headers=authorized).status == 200
+    config_file_of(server).write_text(AUTH.replace("alice", "bob"))
+    # The same connection, no new one: the file is looked at per request, once a second.
+    assert eventually(lambda: fetch(connection, headers=authorized).status == 401)
+    connection.close()
+
+
+@pytest.mark.parametrize(
+    ("new_text", "reason_part"),
+    [("", "basic auth off"), ("# nothing left\n", "basic auth off")],
+)
+def test_a_reload_that_turns_auth_off_is_refused_and_counted(
+    start_server: StartServer, new_text: str, reason_part: str
+) -> None:
+    server = start_server(AUTH)
+    with structlog.testing.capture_logs() as logs:
+        config_file_of(server).write_text(new_text)
+        refused = logged_after_a_connection(
+            logs, "web_config_reload_refused", lambda: get(server.url)
+        )
+        assert eventually(refused)
+    assert (
+        reason_part in next(e for e in logs if e["event"] == "web_config_reload_refused")["error"]
+    )
+    assert get(server.url).status == 401
+    assert server.counters.reload_errors() == {"invalid": 0, "downgrade": 1}
+
+
+def test_allow_downgrade_accepts_turning_auth_off(tmp_path: Path) -> None:
+    config_file = tmp_path / "web.yml"
+    config_file.write_text(AUTH)
+    clock = FakeClock()
+    watcher = WebConfigWatcher(config_file, clock=clock, allow_downgrade=True)
+    config_file.write_text("")
+    clock.now += CHECK_INTERVAL_S
+    watcher.maybe_reload()
+    assert watcher.state.auth is None
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (
+            {"client_auth_type": "RequireAndVerifyClientCert"},
+            {"client_auth_type": "VerifyClientCertIfGiven"},
+        ),
+        ({"min_version": "TLS13"}, {"min_version": "TLS12"}),
+    ],
+)
+def test_a_reload_that_weakens_tls_is_refused(
+    certs: Certs, tmp_path: Path, before: dict[str, str], after: dict[str, str]
+) -> None:
+    config_file = tmp_path / "web.yml"
+    ca = {"client_ca_file": str(certs.ca)}
+    config_file.write_text(
+        tls_config(certs, **({**ca, **before} if "client_auth_type" in before else before))
+    )
+    clock = FakeClock()
+    watcher = WebConfigWatcher(config_file, clock=clock)
+    first = watcher.state
+    config_file.write_text(
+        tls_config(certs, **({**ca, **after} if "client_auth_type" in after else after))
+    )
+    clock.now += CHECK_INTERVAL_S
+    with structlog.testing.capture_logs() as logs:
+        watcher.maybe_reload()
+    assert watcher.state is first
+    assert [e["event"] for e in logs] == ["web_config_reload_refused"]
+
+
+def test_reload_now_reads_the_file_without_waiting_for_the_interval(tmp_path: Path) -> None:
+    config_file = tmp_path / "web.yml"
+    config_file.write_text("")
+    watcher = WebConfigWatcher(config_file, clock=FakeClock())
+    config_file.write_text(AUTH)
+    watcher.reload()
+    assert watcher.state.auth is not None

@@ -1,0 +1,78 @@
+"""Counters of what the HTTP side refused: rejected requests and refused web config reloads."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+# Every reason a request or connection is refused, so each series exists from the start.
+REJECT_REASONS = (
+    "head_too_large",
+    "head_timeout",
+    "malformed",
+    "bad_version",
+    "missing_host",
+    "bad_content_length",
+    "transfer_encoding",
+    "body_timeout",
+    "first_byte_timeout",
+    "over_capacity",
+    "evicted",
+    "unauthorized",
+    "auth_busy",
+    "accept_failed",
+)
+RELOAD_ERROR_REASONS = ("invalid", "downgrade")
+
+
+class WebCounters:
+    """Thread-safe counts, read per scrape through `collect()` (prometheus_client's protocol)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rejected = dict.fromkeys(REJECT_REASONS, 0)
+        self._reload_errors = dict.fromkeys(RELOAD_ERROR_REASONS, 0)
+        self._connections = 0
+
+    def reject(self, reason: str) -> None:
+        with self._lock:
+            self._rejected[reason] = self._rejected.get(reason, 0) + 1
+
+    def reload_failed(self, reason: str) -> None:
+        with self._lock:
+            self._reload_errors[reason] = self._reload_errors.get(reason, 0) + 1
+
+    def set_connections(self, count: int) -> None:
+        self._connections = count
+
+    def rejected(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._rejected)
+
+    def reload_errors(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._reload_errors)
+
+    def collect(self) -> Iterator[Metric]:
+        rejected = CounterMetricFamily(
+            "kvcap_web_requests_rejected",
+            "Requests and connections the HTTP server refused before serving them, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.rejected().items()):
+            rejected.add_metric([reason], count)
+        reloads = CounterMetricFamily(
+            "kvcap_web_config_reload_errors",
+            "Web config reloads refused (the last good config is kept), by reason.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.reload_errors().items()):
+            reloads.add_metric([reason], count)
+        connections = GaugeMetricFamily(
+            "kvcap_web_connections",
+            "Open HTTP connections (at most --web.max-requests).",
+        )
+        connections.add_metric([], self._connections)
+        yield from (rejected, reloads, connections)
