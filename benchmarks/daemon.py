@@ -92,16 +92,16 @@ def startup_seconds() -> float:
 
 
 @contextmanager
-def daemon_watching(engines: int) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """A serving daemon process polling a simulated `engines`-engine vLLM every second;
-    yields the process and its port, and stops both afterwards."""
+def daemon_watching(engines: int, *flags: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A serving daemon process (with `flags`) polling a simulated `engines`-engine vLLM
+    every second; yields the process and its port, and stops both afterwards."""
     with tempfile.TemporaryDirectory() as directory:
         simulation = simulated_deployment(Path(directory) / "gemma", data_parallel_size=engines)
         url = simulation.start()
         port = free_port()
         process = start_daemon(
             port, "--vllm.url", url, "--vllm.poll-interval", "1",
-            "--vllm.args", simulation.vllm_args,
+            "--vllm.args", simulation.vllm_args, *flags,
         )  # fmt: skip
         try:
             while not scrape(port):

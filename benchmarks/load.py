@@ -41,7 +41,9 @@ def scraper(port: int, deadline: float) -> tuple[list[float], int]:
 
 
 def run(seconds: float, clients: int) -> tuple[list[float], int]:
-    with daemon_watching(ENGINES) as (_, port), ThreadPoolExecutor(clients) as pool:
+    # One connection per scraper: above the default cap of 40, each would close another's.
+    flags = f"--web.max-requests={max(40, clients + 8)}"
+    with daemon_watching(ENGINES, flags) as (_, port), ThreadPoolExecutor(clients) as pool:
         deadline = time.monotonic() + seconds
         results = list(pool.map(lambda _: scraper(port, deadline), range(clients)))
     latencies = [value for found, _ in results for value in found]
