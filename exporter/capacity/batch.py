@@ -26,9 +26,14 @@ _SETTING_KEYS = (
 )
 
 
-def settings_from_record(settings: Mapping[str, Any]) -> EngineSettings:
-    """EngineSettings from a record's `settings`; `null` means vLLM's default."""
+def settings_from_record(settings: Mapping[str, Any], platform: object = None) -> EngineSettings:
+    """EngineSettings from a record's `settings` and its top-level `platform` (a string,
+    default "cuda"); `null` means vLLM's default."""
     values: dict[str, Any] = {}
+    if platform is not None:
+        if not isinstance(platform, str):
+            raise ConfigError(f"platform must be a string, got {platform!r}")
+        values["platform"] = platform
     for key in _SETTING_KEYS:
         value = settings.get(key)
         if value is None:
@@ -59,6 +64,7 @@ def result_to_json(result: CapacityResult) -> dict[str, Any]:
         "log_lines": list(result.log_lines),
         "approximate": result.approximate,
         "family": result.family,
+        "platform": result.platform,
         "groups": [
             {
                 "spec_type": group.spec_type,
@@ -94,7 +100,7 @@ def run_case(record: Any) -> dict[str, Any]:
             raise ConfigError("a case record needs `hf_config` and `settings` objects")
         result = derive_capacity(
             config,
-            settings_from_record(settings),
+            settings_from_record(settings, record.get("platform")),
             available_kv_bytes_per_worker=_optional_int(settings, "available_kv_bytes_per_worker"),
             num_gpu_blocks=_optional_int(settings, "num_gpu_blocks"),
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.capacity import families
@@ -24,7 +24,8 @@ from exporter.capacity.planning import (
     fit_max_model_len,
     pipeline_stage_layers,
 )
-from exporter.capacity.settings import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineSettings
+from exporter.capacity.platforms import PlatformRules, platform_rules
+from exporter.capacity.settings import EngineSettings
 from exporter.capacity.specs import (
     FullAttentionSpec,
     KvCacheSpec,
@@ -39,6 +40,10 @@ from exporter.errors import (
     UnsupportedArchitecture,
     UnsupportedConfiguration,
 )
+
+# SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS: the floor when a platform turns chunked
+# prefill off.
+_NO_CHUNKED_PREFILL_MIN_BATCHED_TOKENS = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +61,7 @@ class CapacityResult:
     architecture: str
     family: str
     approximate: bool
+    platform: str
     kv_cache_dtype: str
     mamba_cache_mode: MambaCacheMode
     layer_specs: tuple[LayerKvSpec, ...]
@@ -73,8 +79,9 @@ class CapacityResult:
     @property
     def log_lines(self) -> tuple[str, str]:
         """vLLM's two startup log lines, formatted the way vLLM formats them."""
+        device = platform_rules(self.platform).log_device
         return (
-            f"GPU KV cache size: {self.kv_cache_size_tokens:,} tokens",
+            f"{device} KV cache size: {self.kv_cache_size_tokens:,} tokens",
             f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
             f"{self.max_concurrency:.2f}x",
         )
@@ -116,6 +123,8 @@ def derive_capacity(
         raise ConfigError("give exactly one of available_kv_bytes_per_worker and num_gpu_blocks")
     hf = HfConfig(config)
     _check_parallel_sizes(hf, settings)
+    rules = platform_rules(settings.platform)
+    settings = _platform_settings(hf, settings, rules)
 
     derived_len = hf.default_max_model_len()
     max_model_len = _resolve_max_model_len(hf, settings)
@@ -146,13 +155,13 @@ def derive_capacity(
     stages = pipeline_stage_layers(layout.num_decoder_layers, pp)
     stage_bytes = bytes_per_block_per_stage(groups, stages)
     worker_bytes = [stage_bytes[s] for s in range(pp) for _ in range(settings.tensor_parallel_size)]
-    batched_tokens = settings.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    batched_tokens = _batched_tokens(hf, settings, rules, max_model_len)
 
     def limits(length: int) -> RequestLimits:
         return RequestLimits(
             max_model_len=length,
-            # V2 model runner with async scheduling: PP + 1 batches can be in flight.
-            in_flight_tokens=(pp + 1) * batched_tokens,
+            # Every batch scheduled but not finished may hold a full batch of tokens.
+            in_flight_tokens=rules.concurrent_batches(pp) * batched_tokens,
             decode_context_parallel_size=settings.decode_context_parallel_size,
             mamba_cache_mode=mode,
         )
@@ -189,6 +198,7 @@ def derive_capacity(
         architecture=hf.architecture,
         family=family_name,
         approximate=layout.approximate,
+        platform=rules.name,
         kv_cache_dtype=kv.name,
         mamba_cache_mode=mode,
         layer_specs=tuple(LayerKvSpec(layer.name, spec) for layer, spec in specs),
@@ -205,6 +215,30 @@ def derive_capacity(
         kv_cache_size_tokens=capacity_tokens(num_blocks, per_request, max_model_len),
         max_concurrency=concurrency,
     )
+
+
+def _platform_settings(
+    hf: HfConfig, settings: EngineSettings, rules: PlatformRules
+) -> EngineSettings:
+    """The settings after the platform's own overrides (its check_and_update_config)."""
+    if hf.is_mla and rules.mla_disables_prefix_caching:
+        settings = replace(settings, enable_prefix_caching=False)
+    if rules.ssm_state_float32 and not (
+        settings.mamba_ssm_cache_dtype in ("float16", "bfloat16")
+        and "linear_attention" in (hf.str_list("layer_types") or [])
+    ):
+        # Only the accelerated gated-delta-net backend keeps a 16-bit SSM state.
+        settings = replace(settings, mamba_ssm_cache_dtype="float32")
+    return settings
+
+
+def _batched_tokens(
+    hf: HfConfig, settings: EngineSettings, rules: PlatformRules, max_model_len: int
+) -> int:
+    if hf.is_mla and rules.mla_disables_prefix_caching:
+        # Chunked prefill is off too, so one batch must hold a whole prompt.
+        return max(max_model_len, _NO_CHUNKED_PREFILL_MIN_BATCHED_TOKENS)
+    return rules.batched_tokens(settings.max_num_batched_tokens, settings.world_size)
 
 
 def _check_parallel_sizes(hf: HfConfig, settings: EngineSettings) -> None:

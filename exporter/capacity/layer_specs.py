@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from exporter.capacity.families import AttentionLayer, MambaLayer, ModelLayout
 from exporter.capacity.hf_config import HfConfig
+from exporter.capacity.platforms import platform_rules
 from exporter.capacity.settings import (
-    DEFAULT_BLOCK_SIZE,
     FP8_KV_CACHE_DTYPES,
     NVFP4_KV_CACHE_DTYPES,
     PER_TOKEN_HEAD_KV_CACHE_DTYPES,
@@ -28,8 +28,8 @@ from exporter.capacity.specs import (
 )
 from exporter.errors import ConfigError, UnsupportedConfiguration
 
-# FlashAttention (and Triton) take any multiple of 16 tokens per block.
-_ATTENTION_KERNEL_BLOCK = 16
+# FlashAttention-MLA and Triton MLA take any multiple of 16 tokens per block.
+_MLA_KERNEL_BLOCK = 16
 # FlashMLA, vLLM's first choice for an fp8 latent cache on Hopper, only takes 64.
 _FLASHMLA_BLOCK = 64
 # KV dtypes some MLA backend on Hopper accepts.
@@ -131,10 +131,14 @@ def attention_spec(layer: AttentionLayer, block_size: int, kv: KvCacheDtype) -> 
 
 def base_block_size(layout: ModelLayout, settings: EngineSettings, kv: KvCacheDtype) -> int:
     """`--block-size`, else the smallest size every chosen attention backend accepts."""
+    rules = platform_rules(settings.platform)
     has_mla = any(isinstance(layer, AttentionLayer) and layer.mla for layer in layout.layers)
+    if has_mla and rules.mla_block_size is not None:
+        # The platform's one MLA kernel block size wins over `--block-size`.
+        return rules.mla_block_size
     if has_mla:
         return _mla_block_size(settings.block_size, kv)
-    return settings.block_size or DEFAULT_BLOCK_SIZE
+    return settings.block_size or rules.default_block_size
 
 
 def _mla_block_size(requested: int | None, kv: KvCacheDtype) -> int:
@@ -146,8 +150,8 @@ def _mla_block_size(requested: int | None, kv: KvCacheDtype) -> int:
             f"no MLA attention backend on an H100-class GPU supports --kv-cache-dtype {kv.name}"
         )
     if requested is None:
-        return DEFAULT_BLOCK_SIZE if kv.name == "bfloat16" else _FLASHMLA_BLOCK
-    if requested % _ATTENTION_KERNEL_BLOCK:
+        return _MLA_KERNEL_BLOCK if kv.name == "bfloat16" else _FLASHMLA_BLOCK
+    if requested % _MLA_KERNEL_BLOCK:
         raise UnsupportedConfiguration(
             f"no MLA attention backend on an H100-class GPU supports --block-size {requested}"
         )
@@ -196,14 +200,15 @@ def hybrid_block_sizes(
     mamba_page = max(_mamba_state_bytes(layer) for layer in mamba_layers)
     if mamba_page == 0:
         return BlockSizes(block_size, mamba_block, None)
-    unit = max(_ATTENTION_KERNEL_BLOCK, block_size)
+    kernel_multiple = platform_rules(settings.platform).kernel_block_multiple
+    unit = max(kernel_multiple, block_size)
     if is_mla:
         unit = max(unit, _MLA_HYBRID_MIN_BLOCK)
     if mamba_cache_mode == "align":
         for layer in mamba_layers:
             unit = math.lcm(unit, layer.checkpoint_alignment)
     aligned = unit * cdiv(mamba_page, unit * attention_bytes_per_token)
-    aligned = _ATTENTION_KERNEL_BLOCK * cdiv(aligned, _ATTENTION_KERNEL_BLOCK)
+    aligned = kernel_multiple * cdiv(aligned, kernel_multiple)
     block = max(block_size, aligned)
     padded_page = block * attention_bytes_per_token
     return BlockSizes(

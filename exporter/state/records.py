@@ -36,6 +36,8 @@ class EngineReport:
     model_name: str
     instance_id: str | None = None
     vllm_version: str | None = None
+    # The vLLM platform the engine runs on ("cuda", "cpu"), when a source knows it.
+    platform: str | None = None
     # vLLM's own figures, and the capacity model's (both the one capacity type).
     reported: EngineCapacity | None = None
     derived: EngineCapacity | None = None

