@@ -2,8 +2,15 @@
 
 ZMQ PUSH (plugin, connect) -> PULL (sidecar, bind). Multipart messages:
 
-    [b"kvcap.ready.v1", <vLLM's own msgpack bytes of EngineCoreReadyResponse>, <ReadyExtras>]
+    [b"kvcap.ready.v2", <vLLM's own msgpack bytes of EngineCoreReadyResponse>, <Heartbeat>,
+     <ReadyExtras>]
     [b"kvcap.bye.v1", <Bye>]
+
+A plugin of this version sends the ready v2 message when the engine is ready and again
+every heartbeat interval, so the sidecar can tell a silent (dead) engine from a live one
+and a restarted sidecar learns every engine within one interval. The previous plugin sent
+`[b"kvcap.ready.v1", <ready>, <ReadyExtras>]` once and no heartbeat; the sidecar still
+accepts it (`ready_message`), and such an engine leaves only by its bye.
 
 The ready response is decoded with a tolerant Struct: vLLM 0.22 to 0.33 encode the
 dataclass as a map of every field; unknown fields are ignored, newer optional ones may be
@@ -16,7 +23,8 @@ from typing import Annotated, Any
 
 import msgspec
 
-READY_TOPIC = b"kvcap.ready.v1"
+READY_TOPIC = b"kvcap.ready.v1"  # the previous plugin's: sent once, no heartbeat
+READY_V2_TOPIC = b"kvcap.ready.v2"
 BYE_TOPIC = b"kvcap.bye.v1"
 # Bounds that no deployment reaches but that keep a hostile frame from making kvcap loop
 # over a worker or rank count (the GPU mapping walks every worker of an engine).
@@ -24,6 +32,16 @@ MAX_PARALLEL = 2**16
 ParallelSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_PARALLEL)]
 Rank = Annotated[int, msgspec.Meta(ge=0, lt=MAX_PARALLEL)]
 ENDPOINT_ENV = "KVCAP_HANDSHAKE_ENDPOINT"
+HEARTBEAT_INTERVAL_ENV = "KVCAP_HEARTBEAT_INTERVAL"
+DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
+# An interval outside these is refused by the plugin (it warns and keeps the default) and
+# by the sidecar (malformed frame): faster would flood --handshake.max-rate, slower makes
+# liveness meaningless.
+MIN_HEARTBEAT_INTERVAL_S = 0.05
+MAX_HEARTBEAT_INTERVAL_S = 3600.0
+HeartbeatInterval = Annotated[
+    float, msgspec.Meta(ge=MIN_HEARTBEAT_INTERVAL_S, le=MAX_HEARTBEAT_INTERVAL_S)
+]
 
 
 class ReadyResponse(msgspec.Struct, frozen=True):
@@ -75,6 +93,12 @@ class ReadyExtras(msgspec.Struct, frozen=True):
     settings: dict[str, Any] = {}
 
 
+class Heartbeat(msgspec.Struct, frozen=True):
+    """How often the plugin re-sends this ready message: the sidecar's liveness clock."""
+
+    interval_s: HeartbeatInterval
+
+
 class Bye(msgspec.Struct, frozen=True):
     engine_index: int
     instance_id: str | None = None
@@ -83,6 +107,7 @@ class Bye(msgspec.Struct, frozen=True):
 _ready_decoder = msgspec.msgpack.Decoder(ReadyResponse)
 _extras_decoder = msgspec.msgpack.Decoder(ReadyExtras)
 _bye_decoder = msgspec.msgpack.Decoder(Bye)
+_heartbeat_decoder = msgspec.msgpack.Decoder(Heartbeat)
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -98,12 +123,27 @@ def decode_bye(payload: bytes) -> Bye:
     return _bye_decoder.decode(payload)
 
 
+def decode_heartbeat(payload: bytes) -> Heartbeat:
+    return _heartbeat_decoder.decode(payload)
+
+
 def encode(value: object) -> bytes:
     return _encoder.encode(value)
 
 
 def ready_message(ready: bytes, extras: ReadyExtras | None = None) -> list[bytes]:
+    """The previous plugin's ready message (v1): what a not yet upgraded vLLM image sends."""
     frames = [READY_TOPIC, ready]
+    if extras is not None:
+        frames.append(encode(extras))
+    return frames
+
+
+def ready_v2_message(
+    ready: bytes, interval_s: float, extras: ReadyExtras | None = None
+) -> list[bytes]:
+    """The ready message this plugin sends at ready time and every `interval_s` after."""
+    frames = [READY_V2_TOPIC, ready, encode(Heartbeat(interval_s))]
     if extras is not None:
         frames.append(encode(extras))
     return frames

@@ -9,9 +9,11 @@ returns at once. Otherwise it wraps three methods of `vllm.v1.engine.core` (vLLM
   window or chunk, bytes per request) and bytes per block on the engine instance.
 - `EngineCoreProc._make_ready_response()`: called once, in the engine's input thread, after
   KV init. The wrapper re-encodes the response exactly as vLLM does for its frontend
-  (`msgspec.msgpack.encode`) and pushes it with the extras the response lacks.
-- `EngineCoreProc.shutdown()`: pushes the engine's bye once (an atexit hook covers a
-  process that never calls it).
+  (`msgspec.msgpack.encode`) and pushes it with the extras the response lacks; a daemon
+  thread re-sends that same message every `KVCAP_HEARTBEAT_INTERVAL` seconds (default 5),
+  the heartbeat by which the sidecar knows the engine is alive.
+- `EngineCoreProc.shutdown()`: stops the engine's heartbeat and pushes its bye once (an
+  atexit hook covers a process that never calls it).
 
 These are private methods, so every hook is guarded: a missing target or a failure inside
 the plugin's own code logs one warning and the plugin steps aside; vLLM's call always
@@ -29,6 +31,7 @@ import contextlib
 import functools
 import importlib
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -38,11 +41,15 @@ from typing import Any
 import msgspec
 
 from exporter.handshake_wire import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
     ENDPOINT_ENV,
+    HEARTBEAT_INTERVAL_ENV,
+    MAX_HEARTBEAT_INTERVAL_S,
+    MIN_HEARTBEAT_INTERVAL_S,
     GroupExtra,
     ReadyExtras,
     bye_message,
-    ready_message,
+    ready_v2_message,
 )
 
 log = logging.getLogger("kvcap.plugin")
@@ -82,6 +89,15 @@ class ProcessState:
     # Sockets inherited through fork: their I/O thread is gone, so they are kept, never used.
     inherited: list[Any] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+    # engine -> (the pid that owns it, its ready message): what the heartbeat re-sends. The
+    # pid keeps a forked child from beating for its parent's engines.
+    heartbeats: dict[int, tuple[int, list[bytes]]] = field(default_factory=dict)
+    # Held around every heartbeat and bye, so that no heartbeat follows an engine's bye
+    # (it would bring the engine back into the sidecar's state).
+    heartbeat_lock: threading.Lock = field(default_factory=threading.Lock)
+    heartbeat_thread: threading.Thread | None = None
+    heartbeat_stop: threading.Event = field(default_factory=threading.Event)
 
     def send(self, frames: list[bytes]) -> None:
         import zmq  # noqa: PLC0415 - lazy: a process where the plugin is off never loads pyzmq
@@ -103,7 +119,45 @@ class ProcessState:
                 return
             self.sent += 1
 
+    def start_heartbeats(self) -> None:
+        """One heartbeat thread per process. A forked child starts its own: the parent's
+        thread does not survive the fork (the child sees it as not alive)."""
+        with self.heartbeat_lock:
+            thread = self.heartbeat_thread
+            if thread is not None and thread.is_alive() and not self.heartbeat_stop.is_set():
+                return
+            self.heartbeat_stop = threading.Event()
+            thread = threading.Thread(
+                target=self._beat_until, args=(self.heartbeat_stop,), name="kvcap-heartbeat"
+            )
+            thread.daemon = True
+            self.heartbeat_thread = thread
+        thread.start()
+
+    def beat(self) -> None:
+        """Re-send the ready message of every engine of this process."""
+        pid = os.getpid()
+        with self.heartbeat_lock:
+            for owner, frames in list(self.heartbeats.values()):
+                if owner == pid:
+                    self.send(frames)
+
+    def _beat_until(self, stop: threading.Event) -> None:
+        while not stop.wait(self.heartbeat_interval_s):
+            with _guarded("sending a heartbeat"):
+                self.beat()
+
+    def stop_heartbeat(self, engine: int) -> None:
+        """Stop the engine's heartbeat and send its bye, if one is owed; under the
+        heartbeat lock, so no heartbeat can follow it."""
+        with self.heartbeat_lock:
+            self.heartbeats.pop(engine, None)
+            bye = self.pending_byes.pop(engine, None)
+            if bye is not None:
+                self.send(bye)
+
     def close(self) -> None:
+        self.heartbeat_stop.set()
         with self.lock:
             # A socket inherited through fork is left alone (see `inherited`).
             if self.socket is not None and self.pid == os.getpid():
@@ -134,12 +188,23 @@ class ProcessState:
 state = ProcessState()
 
 
+def _after_fork_in_child() -> None:
+    # A lock that another thread of the parent (its heartbeat) held at the fork would stay
+    # held in the child forever; the child's engine needs its own.
+    state.lock = threading.Lock()
+    state.heartbeat_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def register() -> None:
     """The `vllm.general_plugins` entry point: install the hooks when an endpoint is set."""
     endpoint = os.environ.get(ENDPOINT_ENV, "").strip()
     if not endpoint:
         return
     state.endpoint = endpoint
+    state.heartbeat_interval_s = _heartbeat_interval_s()
     atexit.unregister(_send_pending_byes_and_close)  # once, however often register() runs
     atexit.register(_send_pending_byes_and_close)
     with _guarded("register"):
@@ -161,6 +226,30 @@ def register() -> None:
                 "kvcap plugin: vLLM has no %s; those hooks are off (vllm_http still works)",
                 ", ".join(missing),
             )
+
+
+def _heartbeat_interval_s() -> float:
+    """KVCAP_HEARTBEAT_INTERVAL in seconds; a value that is not one warns once."""
+    raw = os.environ.get(HEARTBEAT_INTERVAL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_HEARTBEAT_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if MIN_HEARTBEAT_INTERVAL_S <= value <= MAX_HEARTBEAT_INTERVAL_S:  # NaN is neither
+        return value
+    if HEARTBEAT_INTERVAL_ENV not in state.warned:
+        state.warned.add(HEARTBEAT_INTERVAL_ENV)
+        log.warning(
+            "kvcap plugin: %s=%r is not a number of seconds from %g to %g; using %g",
+            HEARTBEAT_INTERVAL_ENV,
+            raw,
+            MIN_HEARTBEAT_INTERVAL_S,
+            MAX_HEARTBEAT_INTERVAL_S,
+            DEFAULT_HEARTBEAT_INTERVAL_S,
+        )
+    return DEFAULT_HEARTBEAT_INTERVAL_S
 
 
 def _wrap(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> bool:
@@ -208,10 +297,14 @@ def _ready_hook(original: Any) -> Callable[..., Any]:
             extras = _extras(self, response)
         with _guarded("forwarding the ready response"):
             # Encoded exactly as vLLM encodes it for its frontend (process_input_sockets).
-            frames = ready_message(msgspec.msgpack.encode(response), extras)
+            ready = msgspec.msgpack.encode(response)
+            frames = ready_v2_message(ready, state.heartbeat_interval_s, extras)
             engine = self._kvcap_engine = response.data_parallel_rank
-            state.pending_byes[engine] = bye_message(engine, response.instance_id)
+            with state.heartbeat_lock:
+                state.pending_byes[engine] = bye_message(engine, response.instance_id)
+                state.heartbeats[engine] = (os.getpid(), frames)
             state.send(frames)
+            state.start_heartbeats()
         return response
 
     return _make_ready_response
@@ -220,9 +313,7 @@ def _ready_hook(original: Any) -> Callable[..., Any]:
 def _shutdown_hook(original: Any) -> Callable[..., Any]:
     def shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
         with _guarded("sending the bye"):
-            bye = state.pending_byes.pop(getattr(self, "_kvcap_engine", -1), None)
-            if bye is not None:
-                state.send(bye)
+            state.stop_heartbeat(getattr(self, "_kvcap_engine", -1))
         try:
             return original(self, *args, **kwargs)
         finally:
@@ -235,8 +326,8 @@ def _shutdown_hook(original: Any) -> Callable[..., Any]:
 
 def _send_pending_byes_and_close() -> None:
     with _guarded("sending the bye at exit"):
-        while state.pending_byes:
-            state.send(state.pending_byes.popitem()[1])
+        for engine in list(state.pending_byes):
+            state.stop_heartbeat(engine)
         state.close()
 
 

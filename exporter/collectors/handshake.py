@@ -1,8 +1,10 @@
 """Collector `handshake`: engine-core ready responses forwarded by kvcap's vLLM plugin over ZMQ.
 
-The plugin (exporter/vllm_plugin.py) pushes vLLM's own ready-response bytes, once per
-engine at startup, and a bye on clean shutdown. This is the only collector that sees
-headless data-parallel nodes and it carries vLLM's exact per-engine numbers.
+The plugin (exporter/vllm_plugin.py) pushes vLLM's own ready-response bytes per engine at
+startup and again every heartbeat interval, and a bye on clean shutdown. This is the only
+collector that sees headless data-parallel nodes and it carries vLLM's exact per-engine
+numbers. An engine not heard from within the stale window (a crashed or OOM-killed engine
+sends no bye) is marked stale, and removed after the forget window.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ from exporter.errors import ConfigError
 from exporter.handshake_wire import (
     BYE_TOPIC,
     READY_TOPIC,
+    READY_V2_TOPIC,
     GroupExtra,
     ReadyExtras,
     ReadyResponse,
     decode_bye,
     decode_extras,
+    decode_heartbeat,
     decode_ready,
 )
 from exporter.state import EngineReport, StateSink
@@ -47,6 +51,13 @@ log = structlog.get_logger("kvcap.handshake")
 NAME = "handshake"
 DEFAULT_ENDPOINT = "ipc:///tmp/kvcap/handshake.sock"
 _POLL_MS = 100
+# The default stale window, in heartbeat intervals of the engine: one lost or late
+# heartbeat is not a dead engine, three in a row are.
+STALE_AFTER_HEARTBEATS = 3
+# Ten minutes: past KvcapEngineStale's `for: 5m` (so the alert fires and is seen) and past
+# a vLLM restart of a large model (which returns under the same engine index), yet short
+# enough that a dead engine's capacity leaves `sum by` within a few Prometheus windows.
+DEFAULT_FORGET_AFTER_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +66,23 @@ class HandshakeSettings:
     max_frame_bytes: int = 2**20
     receive_hwm: int = 1000
     # More messages than this per second are dropped (and counted): engines send one
-    # ready response each, so a flood is a bug or an attack, never a deployment.
+    # ready response each per heartbeat interval, so a flood is a bug or an attack.
     max_messages_per_s: float = 200.0
+    # Silence after which an engine is stale; None: STALE_AFTER_HEARTBEATS of the interval
+    # its plugin announces. Engines of a v1 plugin (no heartbeat) never go stale by time.
+    stale_after_s: float | None = None
+    # Silence after which an engine is removed from the state (and so from /metrics).
+    forget_after_s: float = DEFAULT_FORGET_AFTER_S
+
+
+@dataclass(slots=True)
+class HeardFrom:
+    """When the receiver last heard from an engine of a heartbeating (v2) plugin."""
+
+    at_s: float
+    heartbeat_interval_s: float
+    instance_id: str | None
+    stale: bool = False
 
 
 def engine_report(ready: ReadyResponse, extras: ReadyExtras | None) -> EngineReport:
@@ -138,13 +164,22 @@ class RateGuard:
 class HandshakeReceiver:
     """Decodes the messages of one endpoint into engine changes; every outcome is counted.
 
-    It keeps no engines: the state owns them (and logs restarts, once).
+    It keeps no engines: the state owns them (and logs restarts, once). It keeps only when
+    it last heard from each heartbeating engine, and tells the state when one falls silent.
     """
 
-    def __init__(self, endpoint: str, sink: StateSink, settings: HandshakeSettings) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        sink: StateSink,
+        settings: HandshakeSettings,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.endpoint = endpoint
         self.sink = sink
         self.settings = settings
+        self.clock = clock
+        self.heard: dict[str, HeardFrom] = {}
         self.guard = RateGuard(settings.max_messages_per_s)
 
     def handle(self, frames: list[bytes]) -> None:
@@ -159,7 +194,11 @@ class HandshakeReceiver:
         if any(len(frame) > self.settings.max_frame_bytes for frame in frames):
             return "frame_too_large", f"a frame over {self.settings.max_frame_bytes} bytes"
         topic = frames[0] if frames else b""
-        kinds = {READY_TOPIC: (self._ready, (2, 3)), BYE_TOPIC: (self._bye, (2,))}
+        kinds = {
+            READY_V2_TOPIC: (self._ready_v2, (3, 4)),
+            READY_TOPIC: (self._ready, (2, 3)),
+            BYE_TOPIC: (self._bye, (2,)),
+        }
         if topic not in kinds:
             return "unknown_topic", f"topic {topic[:40]!r}"
         apply, frame_counts = kinds[topic]
@@ -172,13 +211,48 @@ class HandshakeReceiver:
         return None, ""
 
     def _ready(self, frames: list[bytes]) -> None:
+        """v1, the previous plugin: sent once, so the engine has no liveness but its bye."""
         ready = decode_ready(frames[1])
         extras = decode_extras(frames[2]) if len(frames) == 3 else None
-        self.sink.update_engine(NAME, self.endpoint, engine_report(ready, extras))
+        report = engine_report(ready, extras)
+        self.heard.pop(report.engine, None)
+        self.sink.update_engine(NAME, self.endpoint, report)
+
+    def _ready_v2(self, frames: list[bytes]) -> None:
+        """v2: the ready response again every heartbeat interval."""
+        ready = decode_ready(frames[1])
+        heartbeat = decode_heartbeat(frames[2])
+        extras = decode_extras(frames[3]) if len(frames) == 4 else None
+        report = engine_report(ready, extras)
+        self.heard[report.engine] = HeardFrom(
+            self.clock(), heartbeat.interval_s, report.instance_id
+        )
+        self.sink.update_engine(NAME, self.endpoint, report)
 
     def _bye(self, frames: list[bytes]) -> None:
         bye = decode_bye(frames[1])
-        self.sink.remove_engine(NAME, self.endpoint, str(bye.engine_index), bye.instance_id)
+        engine = str(bye.engine_index)
+        heard = self.heard.get(engine)
+        if heard is not None and heard.instance_id == bye.instance_id:
+            del self.heard[engine]
+        self.sink.remove_engine(NAME, self.endpoint, engine, bye.instance_id)
+
+    def sweep(self) -> None:
+        """Apply the liveness windows now: an engine silent past the stale window is marked
+        stale in the state, one silent past the forget window removed from it."""
+        now = self.clock()
+        for engine, heard in list(self.heard.items()):
+            silent_s = now - heard.at_s
+            if silent_s > self.settings.forget_after_s:
+                del self.heard[engine]
+                self.sink.remove_engine(NAME, self.endpoint, engine, heard.instance_id)
+                continue
+            stale_after_s = self.settings.stale_after_s or (
+                STALE_AFTER_HEARTBEATS * heard.heartbeat_interval_s
+            )
+            if silent_s > stale_after_s and not heard.stale:
+                heard.stale = True
+                self.sink.mark_engine_stale(NAME, self.endpoint, engine, heard.instance_id)
 
 
 class HandshakeCollector:
@@ -186,8 +260,12 @@ class HandshakeCollector:
 
     name = NAME
 
-    def __init__(self, settings: HandshakeSettings) -> None:
+    def __init__(
+        self, settings: HandshakeSettings, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.settings = settings
+        self.clock = clock
+        self.sweeps = 0  # liveness sweeps done: tests wait on it, never on time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._context = zmq.Context(io_threads=1)
@@ -208,7 +286,7 @@ class HandshakeCollector:
             socket.close()
             raise ConfigError(f"--handshake.listen {endpoint}: {error}") from None
         self._socket = socket
-        self.receiver = HandshakeReceiver(endpoint, sink, self.settings)
+        self.receiver = HandshakeReceiver(endpoint, sink, self.settings, self.clock)
         sink.register_target(NAME, endpoint)
         # Nothing to wait for: an empty handshake is a valid answer (no engine started yet).
         sink.publish(NAME, endpoint, [])
@@ -222,16 +300,23 @@ class HandshakeCollector:
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
         while not self._stop.is_set():
-            if not poller.poll(_POLL_MS):
-                continue
-            while True:
-                try:
-                    frames = self._socket.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                except zmq.ZMQError:
-                    return
-                self.receiver.handle(frames)
+            if poller.poll(_POLL_MS) and not self._receive_all():
+                return
+            self.receiver.sweep()
+            self.sweeps += 1
+
+    def _receive_all(self) -> bool:
+        """Handle every queued message; False when the socket is gone."""
+        assert self._socket is not None
+        assert self.receiver is not None
+        while True:
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return True
+            except zmq.ZMQError:
+                return False
+            self.receiver.handle(frames)
 
     def stop(self, timeout_s: float) -> None:
         self._stop.set()
@@ -296,15 +381,39 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
         default=200.0,
         help="messages per second before dropping",
     )
+    group.add_argument(
+        "--handshake.stale-after",
+        dest="handshake_stale_after",
+        type=float,
+        default=None,
+        help="seconds without a heartbeat after which an engine is stale "
+        f"(default {STALE_AFTER_HEARTBEATS} of the heartbeat intervals its plugin announces)",
+    )
+    group.add_argument(
+        "--handshake.forget-after",
+        dest="handshake_forget_after",
+        type=float,
+        default=DEFAULT_FORGET_AFTER_S,
+        help="seconds without a heartbeat after which an engine is removed "
+        f"(default {DEFAULT_FORGET_AFTER_S:g})",
+    )
 
 
 def _build(args: argparse.Namespace) -> HandshakeCollector:
+    stale_after, forget_after = args.handshake_stale_after, args.handshake_forget_after
+    if not forget_after > 0 or (stale_after is not None and not 0 < stale_after < forget_after):
+        raise ConfigError(
+            "--handshake.stale-after and --handshake.forget-after must be positive, "
+            "the stale window shorter than the forget window"
+        )
     return HandshakeCollector(
         HandshakeSettings(
             endpoint=args.handshake_listen,
             max_frame_bytes=args.handshake_max_frame_size,
             receive_hwm=args.handshake_receive_hwm,
             max_messages_per_s=args.handshake_max_rate,
+            stale_after_s=stale_after,
+            forget_after_s=forget_after,
         )
     )
 

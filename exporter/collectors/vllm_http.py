@@ -40,6 +40,8 @@ from exporter.units import parse_size
 log = structlog.get_logger("kvcap.vllm_http")
 
 NAME = "vllm_http"
+# As --handshake.forget-after, and for the same reasons (exporter/collectors/handshake.py).
+DEFAULT_FORGET_AFTER_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,8 @@ class VllmHttpSettings:
     max_body_bytes: int = 32 * 2**20
     # Last good data stays fresh this long after a failed read, then is marked stale.
     stale_after_s: float = 15.0
+    # A server that has failed every read this long loses its engines from the state.
+    forget_after_s: float = DEFAULT_FORGET_AFTER_S
     serve_args: VllmServeArgs | None = None
     model_config: Path | None = None
     # The vLLM platform of the servers ("cuda", "cpu"), or "auto": from each engine's labels.
@@ -115,6 +119,7 @@ class ServerPoller:
         self.sink = sink
         self.stop = stop
         self.last_success = time.monotonic()
+        self.forgotten = False  # its engines were dropped after --vllm.forget-after
         self._model_config: ModelConfigRead | None = None
         self._warned: set[str] = set()  # problems logged and still present: logged once
 
@@ -147,17 +152,24 @@ class ServerPoller:
         # carry figures, so it would grow over restarts), and one that comes back is logged.
         self._warned.intersection_update(message for _, message in reading.warnings)
         self.last_success = time.monotonic()
+        self.forgotten = False
         self.sink.publish(NAME, self.url, reading.reports, duration_s=time.monotonic() - began)
 
     def _failed(self, reason: str, message: str, began: float) -> None:
+        silent_s = time.monotonic() - self.last_success
         self.sink.fail(
             NAME,
             self.url,
             reason,
             message,
             duration_s=time.monotonic() - began,
-            stale=time.monotonic() - self.last_success > self.settings.stale_after_s,
+            stale=silent_s > self.settings.stale_after_s,
         )
+        if silent_s > self.settings.forget_after_s and not self.forgotten:
+            # The server is gone: its engines leave /metrics (the state logs each one),
+            # so `sum by` stops counting them. The next good read brings them back.
+            self.forgotten = True
+            self.sink.forget(NAME, self.url)
 
     def fetch_documents(self) -> ServerDocuments:
         limit, timeout = self.settings.max_body_bytes, self.settings.timeout_s
@@ -301,6 +313,14 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
         "(default 3 poll intervals)",
     )
     group.add_argument(
+        "--vllm.forget-after",
+        dest="vllm_forget_after",
+        type=float,
+        default=DEFAULT_FORGET_AFTER_S,
+        help="seconds after the last good read that a failing server's engines are "
+        f"dropped (default {DEFAULT_FORGET_AFTER_S:g})",
+    )
+    group.add_argument(
         "--vllm.args",
         dest="vllm_args",
         help="the `vllm serve` arguments of the server (else read from /proc "
@@ -329,15 +349,20 @@ def _build(args: argparse.Namespace) -> VllmHttpCollector | None:
     interval = args.vllm_poll_interval
     if interval <= 0 or args.vllm_timeout <= 0:
         raise ConfigError("--vllm.poll-interval and --vllm.timeout must be positive")
+    stale_after = args.vllm_stale_after if args.vllm_stale_after is not None else 3 * interval
+    if not 0 < stale_after < args.vllm_forget_after:
+        raise ConfigError(
+            "--vllm.stale-after and --vllm.forget-after must be positive, "
+            "the stale window shorter than the forget window"
+        )
     return VllmHttpCollector(
         VllmHttpSettings(
             urls=tuple(args.vllm_url),
             poll_interval_s=interval,
             timeout_s=args.vllm_timeout,
             max_body_bytes=args.vllm_max_body_size,
-            stale_after_s=args.vllm_stale_after
-            if args.vllm_stale_after is not None
-            else 3 * interval,
+            stale_after_s=stale_after,
+            forget_after_s=args.vllm_forget_after,
             serve_args=serve_args,
             model_config=args.model_config,
             platform=args.vllm_platform,

@@ -123,7 +123,8 @@ def engine_families(
     )
     stale = GaugeMetricFamily(
         "kvcap_engine_stale",
-        "1 when every collector of this engine failed its last read (last good data shown).",
+        "1 when no collector has fresh data of this engine: reads failed or heartbeats "
+        "stopped (last good data shown).",
         labels=list(ENGINE_LABELS),
     )
     updated = GaugeMetricFamily(

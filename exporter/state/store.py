@@ -44,6 +44,12 @@ class StateSink(Protocol):
         self, collector: str, target: str, engine: str, instance_id: str | None
     ) -> None: ...
 
+    def mark_engine_stale(
+        self, collector: str, target: str, engine: str, instance_id: str | None
+    ) -> None: ...
+
+    def forget(self, collector: str, target: str) -> None: ...
+
     def fail(
         self,
         collector: str,
@@ -71,6 +77,8 @@ class StateSink(Protocol):
 class _Heard:
     report: EngineReport
     received_at_s: float
+    # The collector stopped hearing from this engine (no heartbeat) while the target is fine.
+    stale: bool = False
 
 
 @dataclass(slots=True)
@@ -102,6 +110,9 @@ class StateStore:
         self._targets: dict[tuple[str, str], _Target] = {}
         self._errors: dict[tuple[str, str], int] = {}
         self._gpus: dict[tuple[str, str], tuple[GpuReport, ...]] = {}
+        # The last instance id of each engine that vanished: one that comes back as a new
+        # instance (after a forget window or a bye) is logged as restarted, not added.
+        self._departed: dict[str, str] = {}
         self._version = 0
         self._snapshot = EMPTY
 
@@ -135,6 +146,9 @@ class StateStore:
         now = self._clock()
         with self._lock:
             entry = self._target(collector, target)
+            was = entry.engines.get(report.engine)
+            if was is not None and was.stale:
+                log.info("engine_heard_again", collector=collector, engine=report.engine)
             entry.engines[report.engine] = _Heard(report, now)
             self._rebuild(collector)
 
@@ -149,6 +163,38 @@ class StateStore:
             if entry is None or heard is None or heard.report.instance_id != instance_id:
                 return
             del entry.engines[engine]
+            self._rebuild(collector)
+
+    def mark_engine_stale(
+        self, collector: str, target: str, engine: str, instance_id: str | None
+    ) -> None:
+        """The collector has not heard from this engine within its liveness window: keep
+        its last report, marked stale, until it is heard again or removed."""
+        now = self._clock()
+        with self._lock:
+            entry = self._targets.get((collector, target))
+            heard = entry.engines.get(engine) if entry else None
+            if entry is None or heard is None or heard.report.instance_id != instance_id:
+                return
+            if heard.stale:
+                return
+            log.warning(
+                "engine_stale",
+                collector=collector,
+                engine=engine,
+                silent_s=round(now - heard.received_at_s, 3),
+            )
+            entry.engines[engine] = replace(heard, stale=True)
+            self._rebuild(collector)
+
+    def forget(self, collector: str, target: str) -> None:
+        """Drop every engine of a target the collector has given up on (a server gone past
+        its forget window); its status and errors stay."""
+        with self._lock:
+            entry = self._targets.get((collector, target))
+            if entry is None or not entry.engines:
+                return
+            entry.engines = {}
             self._rebuild(collector)
 
     def fail(
@@ -262,7 +308,7 @@ class StateStore:
             entry = self._targets[key]
             for engine, heard in entry.engines.items():
                 sightings.setdefault(engine, []).append(
-                    Sighting(key[0], heard.report, heard.received_at_s, entry.stale)
+                    Sighting(key[0], heard.report, heard.received_at_s, entry.stale or heard.stale)
                 )
         views = [merge_engine(found) for found in sightings.values()]
         return tuple(sorted(views, key=lambda view: engine_sort_key(view.engine)))
@@ -272,7 +318,7 @@ class StateStore:
         engines = self._snapshot.engines
         if engines_changed:
             engines = self._views()
-            _log_changes(collector, self._snapshot.engines, engines)
+            _log_changes(collector, self._snapshot.engines, engines, self._departed)
         gpus = tuple(gpu for _, found in sorted(self._gpus.items()) for gpu in found)
         engine_gpus = map_engine_gpus(engines, gpus)
         self._snapshot = Snapshot(
@@ -287,15 +333,26 @@ class StateStore:
         )
 
 
-def _log_changes(collector: str, before: Sequence[EngineView], after: Sequence[EngineView]) -> None:
+# More vanished engines than any deployment has: the memory of departed instances is
+# bounded, whatever engine labels a target makes up.
+_MAX_DEPARTED = 4096
+
+
+def _log_changes(
+    collector: str,
+    before: Sequence[EngineView],
+    after: Sequence[EngineView],
+    departed: dict[str, str],
+) -> None:
     """One line per engine that appeared, restarted or vanished, over all collectors."""
     old = {view.engine: view for view in before}
     new = {view.engine: view for view in after}
     for engine, view in new.items():
         was = old.get(engine)
-        if was is None:
+        left = departed.pop(engine, None)
+        if was is None and (left is None or view.instance_id in (None, left)):
             log.info("engine_added", collector=collector, engine=engine, model_name=view.model_name)
-        elif _restarted(was, view):
+        elif was is None or _restarted(was, view):
             log.info(
                 "engine_restarted",
                 collector=collector,
@@ -305,6 +362,11 @@ def _log_changes(collector: str, before: Sequence[EngineView], after: Sequence[E
             )
     for engine in old.keys() - new.keys():
         log.info("engine_vanished", collector=collector, engine=engine)
+        instance_id = old[engine].instance_id
+        if instance_id is not None:
+            departed[engine] = instance_id
+            if len(departed) > _MAX_DEPARTED:
+                del departed[next(iter(departed))]  # the oldest
 
 
 def _restarted(was: EngineView, now: EngineView) -> bool:

@@ -11,13 +11,17 @@ import pytest
 import zmq
 
 from exporter import vllm_plugin
-from exporter.handshake_wire import ENDPOINT_ENV
+from exporter.handshake_wire import ENDPOINT_ENV, HEARTBEAT_INTERVAL_ENV
 
 
 @pytest.fixture(autouse=True)
 def plugin_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[vllm_plugin.ProcessState]:
-    """Each test gets its own socket, counters and warnings; the socket is closed after it."""
+    """Each test gets its own socket, counters and warnings; the socket is closed after it.
+
+    Heartbeats are an hour apart unless a test asks for them, so the other tests see only
+    the messages they caused."""
     monkeypatch.delenv(ENDPOINT_ENV, raising=False)
+    monkeypatch.setenv(HEARTBEAT_INTERVAL_ENV, "3600")
     state = vllm_plugin.ProcessState()
     monkeypatch.setattr(vllm_plugin, "state", state)
     yield state

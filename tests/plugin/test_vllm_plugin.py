@@ -26,10 +26,11 @@ from exporter import vllm_plugin
 from exporter.handshake_wire import (
     BYE_TOPIC,
     ENDPOINT_ENV,
-    READY_TOPIC,
+    READY_V2_TOPIC,
     GroupExtra,
     decode_bye,
     decode_extras,
+    decode_heartbeat,
     decode_ready,
 )
 from tests.plugin import standins
@@ -86,9 +87,10 @@ def test_ready_response_reaches_the_sidecar_byte_for_byte(
     assert response is engine.calls.ready_responses[-1]  # vLLM's own object, untouched
     frames = sidecar.receive()
     assert frames is not None
-    topic, ready, extras_frame = frames
-    assert topic == READY_TOPIC
+    topic, ready, heartbeat, extras_frame = frames
+    assert topic == READY_V2_TOPIC
     assert ready == msgspec.msgpack.encode(response) == standins.ready_bytes(deployment)
+    assert decode_heartbeat(heartbeat).interval_s == 3600
     assert decode_ready(ready).data_parallel_rank == 0
     extras = decode_extras(extras_frame)
     want = standins.golden(deployment)
@@ -130,7 +132,7 @@ def test_served_model_name_list_and_unset_devices(
     engine._make_ready_response()
     frames = sidecar.receive()
     assert frames is not None
-    extras = decode_extras(frames[2])
+    extras = decode_extras(frames[3])
     assert (extras.model_name, extras.devices) == ("llama", [])
 
 
@@ -245,7 +247,7 @@ def test_a_missing_hook_point_warns_once_and_the_rest_still_works(
         standins.engine(core, LLAMA)._make_ready_response()
         frames = sidecar.receive()
         assert frames is not None
-        assert decode_extras(frames[2]).groups == []
+        assert decode_extras(frames[3]).groups == []
         assert decode_ready(frames[1]).num_gpu_blocks == 27904
 
 
@@ -278,7 +280,7 @@ def test_a_failing_hook_body_returns_vllms_value_and_warns_once(
     assert response is engines[0].calls.ready_responses[-1]
     frames = sidecar.receive()
     assert frames is not None
-    assert decode_extras(frames[2]).groups == []  # the ready still goes, without the groups
+    assert decode_extras(frames[3]).groups == []  # the ready still goes, without the groups
 
 
 def test_a_failing_extras_collection_still_sends_the_ready(
@@ -292,8 +294,8 @@ def test_a_failing_extras_collection_still_sends_the_ready(
     assert response is engine.calls.ready_responses[-1]
     frames = sidecar.receive()
     assert frames is not None
-    assert frames[:2] == [READY_TOPIC, standins.ready_bytes(LLAMA)]
-    assert len(frames) == 2
+    assert frames[:2] == [READY_V2_TOPIC, standins.ready_bytes(LLAMA)]
+    assert len(frames) == 3
     assert len(plugin_warnings(caplog)) == 1
 
 
