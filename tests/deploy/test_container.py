@@ -35,7 +35,7 @@ from tests.tools import require_tool
 DOCKERFILE = ROOT / "Dockerfile"
 PLUGIN_DOCKERFILE = DEPLOY / "vllm-plugin" / "Dockerfile"
 # The folders the Dockerfiles name, and where they are put for the tests.
-CONTAINER_DIRS = ("/opt/kvcap", "/run/kvcap", "/dist", "/src")
+CONTAINER_DIRS = ("/opt/kvcap-plugin", "/opt/kvcap", "/run/kvcap", "/dist", "/src")
 CONTAINER_PATH = re.compile(
     r"(?<![\w.])(" + "|".join(re.escape(d) for d in CONTAINER_DIRS) + r")(?=/|$|[\s\"':])"
 )
@@ -326,6 +326,60 @@ def test_plugin_image_steps_install_only_the_plugin(image: Image) -> None:
     installed = {line.split("==")[0].lower() for line in listing.stdout.split()}
     assert "kvcap-exporter" in installed
     assert not installed & {"msgspec", "pyzmq", "prometheus-client", "structlog", "bcrypt"}
+
+
+# What the plugin module may import in vLLM's Python: the standard library, itself and the
+# two packages vLLM always has.
+PLUGIN_IMPORT_CHECK = """
+import importlib.abc, json, sys
+plugin = sys.argv[1]
+allowed = set(sys.stdlib_module_names) | {"exporter", "msgspec", "zmq"}
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] not in allowed:
+            raise ImportError(f"the plugin imports {name}")
+        return None
+
+sys.meta_path.insert(0, Refuse())
+sys.path.insert(0, plugin)  # as PYTHONPATH puts it: before site-packages
+from importlib.metadata import entry_points
+found = [e for e in entry_points(group="vllm.general_plugins") if e.name == "kvcap"]
+register = found[0].load()
+register()
+print(json.dumps({"entry_points": [e.value for e in found],
+                  "module": sys.modules[register.__module__].__file__,
+                  "dist": str(found[0].dist.locate_file(""))}))
+"""
+
+
+def test_image_carries_the_plugin_folder_for_vllm(image: Image) -> None:
+    """/opt/kvcap-plugin: the package and its .dist-info (the entry point), nothing else;
+    found from the folder alone and importing only what vLLM has."""
+    plugin = image.root / "opt" / "kvcap-plugin"
+    assert sorted(p.name for p in plugin.iterdir()) == [
+        "exporter",
+        f"kvcap_exporter-{__version__}.dist-info",
+    ]
+    dist_info = plugin / f"kvcap_exporter-{__version__}.dist-info"
+    entry_points = (dist_info / "entry_points.txt").read_text(encoding="utf-8")
+    assert "[vllm.general_plugins]\nkvcap = exporter.vllm_plugin:register" in entry_points
+    assert not list(plugin.rglob("__pycache__"))  # vLLM's Python may be another version
+    env = {k: v for k, v in os.environ.items() if k != "KVCAP_HANDSHAKE_ENDPOINT"}
+    result = run([sys.executable, "-c", PLUGIN_IMPORT_CHECK, plugin], env=env)
+    assert result.returncode == 0, result.stderr
+    loaded = json.loads(result.stdout)
+    assert loaded["entry_points"] == ["exporter.vllm_plugin:register"]
+    assert loaded["module"] == str(plugin / "exporter" / "vllm_plugin.py")
+    assert loaded["dist"] == str(plugin)
+
+
+def test_the_copy_in_the_chart_matches_the_image() -> None:
+    """The chart's init container copies the folder the Dockerfile fills."""
+    dockerfile = DOCKERFILE.read_text(encoding="utf-8")
+    assert "--target /opt/kvcap-plugin " in dockerfile
+    sidecar = (CHART / "templates" / "_sidecar.tpl").read_text(encoding="utf-8")
+    assert 'command: ["cp", "-R", "/opt/kvcap-plugin/.", "/kvcap-plugin/"]' in sidecar
 
 
 # --- the daemon, run the way the pod runs it ------------------------------------------------

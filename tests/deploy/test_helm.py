@@ -61,9 +61,20 @@ EXPECTED_KINDS = {
         "ConfigMap",
     },
     "servicemonitor": {"Deployment", "Service", "ServiceMonitor", "PrometheusRule", "ConfigMap"},
+    "pod-options": {"Deployment", "Service", "PodMonitor", "PrometheusRule", "ConfigMap"},
+    "autoscaling": {
+        "Deployment",
+        "Service",
+        "PodMonitor",
+        "PrometheusRule",
+        "ConfigMap",
+        "ScaledObject",
+        "HorizontalPodAutoscaler",
+    },
     "sidecar-options": {"Deployment", "Service", "PodMonitor", "PrometheusRule", "ConfigMap"},
 }
-RULES_FILE = CHART / "files" / "kvcap-rules.yaml"
+# The chart's rules rendered with its default values (deploy/monitoring/sync.sh).
+RULES_FILE = ROOT / "deploy" / "prometheus" / "kvcap-rules.yaml"
 DASHBOARD_FILE = CHART / "files" / "kvcap-dashboard.json"
 
 
@@ -150,7 +161,9 @@ INJECTIONS: dict[str, tuple[str, Callable[[Manifest], None], str]] = {
     ),
     "deployment-wrong-type": (
         "Deployment",
-        lambda m: _containers(m)[0]["ports"][0].update(containerPort="9470"),
+        lambda m: next(c for c in _containers(m) if "ports" in c)["ports"][0].update(
+            containerPort="9470"
+        ),
         "containerPort",
     ),
     "service-unknown-field": (
@@ -244,8 +257,18 @@ def test_values_schema_is_strict() -> None:
             open_objects.append(path)
 
     walk(schema, "")
-    assert set(open_objects) <= {
+    alert_labels = {
+        p for p in open_objects if re.fullmatch(r"\.prometheusRule\.alerts\.\w+\.labels", p)
+    }
+    assert len(alert_labels) == len(
+        schema["properties"]["prometheusRule"]["properties"]["alerts"]["properties"]
+    )
+    assert set(open_objects) - alert_labels <= {
         ".global",
+        ".podAnnotations",
+        ".podLabels",
+        ".plugin.resources.requests",
+        ".plugin.resources.limits",
         ".sidecar.collectors",
         ".sidecar.resources.requests",
         ".sidecar.resources.limits",
@@ -257,6 +280,7 @@ def test_values_schema_is_strict() -> None:
         ".podMonitor.namespaceSelector",
         ".serviceMonitor.labels",
         ".prometheusRule.labels",
+        ".prometheusRule.alertLabels",
         ".dashboard.labels",
         ".dashboard.annotations",
         ".example.resources",
@@ -264,6 +288,7 @@ def test_values_schema_is_strict() -> None:
         ".example.modelVolume",
         ".example.nodeSelector",
         ".example.affinity",
+        ".autoscaling.hpa.behavior",
     }
 
 
@@ -483,7 +508,7 @@ def test_tls_and_basic_auth_are_wired_through_a_secret(
     assert endpoint["scheme"] == "https"
     assert endpoint["tlsConfig"] == {
         "ca": {"secret": {"name": "kvcap-tls", "key": "ca.crt"}},
-        "serverName": "kvcap-kvcap-exporter",
+        "serverName": "kvcap",
     }
     assert endpoint["basicAuth"] == {
         "username": {"name": "kvcap-scrape-auth", "key": "username"},

@@ -227,6 +227,110 @@ def test_component_patches_only_labelled_deployments(k8s_tools: K8sTools, tmp_pa
     assert "env" not in pod_spec(deployments["router"])["containers"][0]
 
 
+def _one_deployment_overlay(tmp_path: Path, containers: list[Manifest], **meta: Any) -> Path:
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "served", "labels": {"kvcap-exporter/inject": "true"}, **meta},
+        "spec": {
+            "selector": {"matchLabels": {"app": "served"}},
+            "template": {
+                "metadata": {"labels": {"app": "served"}},
+                "spec": {"containers": containers},
+            },
+        },
+    }
+    (overlay / "deployment.yaml").write_text(yaml.safe_dump(deployment))
+    component = os.path.relpath(DEPLOY / "components" / "kvcap-sidecar", overlay)
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump({"resources": ["deployment.yaml"], "components": [component]})
+    )
+    return overlay
+
+
+def test_component_patches_the_first_container_whatever_its_name(
+    k8s_tools: K8sTools, assert_valid: Any, tmp_path: Path
+) -> None:
+    """vLLM's container need not be called vllm: the first one gets the plugin and the
+    handshake, no second, empty container appears, and what it had is kept."""
+    overlay = _one_deployment_overlay(
+        tmp_path,
+        [
+            {
+                "name": "server",
+                "image": "vllm/vllm-openai",
+                "env": [{"name": "HF_HOME", "value": "/data"}],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            },
+            {"name": "proxy", "image": "envoyproxy/envoy"},
+        ],
+    )
+    manifests = k8s_tools.kustomize(overlay)
+    assert_valid(manifests)
+    spec = pod_spec(one(manifests, "Deployment"))
+    assert [c["name"] for c in spec["containers"]] == ["server", "proxy"]
+    server, proxy = spec["containers"]
+    assert env_of(server) == {
+        "HF_HOME": "/data",
+        "KVCAP_HANDSHAKE_ENDPOINT": "ipc:///run/kvcap/handshake.sock",
+        "PYTHONPATH": "/opt/kvcap-plugin",
+    }
+    assert server["volumeMounts"] == [
+        {"name": "data", "mountPath": "/data"},
+        {"name": "kvcap-run", "mountPath": "/run/kvcap"},
+        {"name": "kvcap-plugin", "mountPath": "/opt/kvcap-plugin", "readOnly": True},
+    ]
+    assert proxy == {"name": "proxy", "image": "envoyproxy/envoy"}
+    assert [c["name"] for c in spec["initContainers"]] == ["kvcap-plugin", "kvcap"]
+    volumes = {v["name"] for v in spec["volumes"]}
+    assert {"kvcap-run", "kvcap-plugin"} <= volumes
+
+
+def test_component_leaves_the_first_container_alone_when_vllms_is_named(
+    k8s_tools: K8sTools, tmp_path: Path
+) -> None:
+    """With kvcap-exporter/container the first container is not patched (the named one
+    is, by the replacements the post-renderer writes: tests/deploy/test_post_renderer.py)."""
+    overlay = _one_deployment_overlay(
+        tmp_path,
+        [{"name": "proxy", "image": "envoyproxy/envoy"}, {"name": "engine", "image": "vllm"}],
+        annotations={"kvcap-exporter/container": "engine"},
+    )
+    spec = pod_spec(one(k8s_tools.kustomize(overlay), "Deployment"))
+    assert spec["containers"] == [
+        {"name": "proxy", "image": "envoyproxy/envoy"},
+        {"name": "engine", "image": "vllm"},
+    ]
+    assert [c["name"] for c in spec["initContainers"]] == ["kvcap-plugin", "kvcap"]
+
+
+def test_one_label_scheme_for_helm_and_kustomize(k8s_tools: K8sTools) -> None:
+    """The chart's monitors of `helm install kvcap` select the pods the component patched,
+    and the component's monitor selects the chart's example pods."""
+    kustomized = one(build(k8s_tools, "base"), "Deployment")["spec"]["template"]["metadata"]
+    helm = k8s_tools.render("--set", "example.enabled=true")
+    helm_pods = one(helm, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    helm_selector = one(helm, "PodMonitor")["spec"]["selector"]["matchLabels"]
+    ours = one(build(k8s_tools, "base"), "PodMonitor")["spec"]["selector"]["matchLabels"]
+    assert helm_selector == ours == {"kvcap-exporter/instance": "kvcap"}
+    assert helm_selector.items() <= kustomized["labels"].items()
+    assert ours.items() <= helm_pods.items()
+
+
+def test_component_pod_monitor_scrapes_vllm_too(k8s_tools: K8sTools) -> None:
+    manifests = build(k8s_tools, "base")
+    endpoints = one(manifests, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert [e["port"] for e in endpoints] == ["kvcap-metrics", "http"]
+    assert {"name": "http", "containerPort": 8000, "protocol": "TCP"} in vllm_of(
+        one(manifests, "Deployment")
+    )["ports"]
+    assert endpoints[1]["relabelings"] == [{"targetLabel": "job", "replacement": "vllm"}]
+    helm = one(k8s_tools.render(), "PodMonitor")["spec"]["podMetricsEndpoints"][1]
+    assert {k: v for k, v in helm.items() if k != "scheme"} == endpoints[1]
+
+
 # --- the ServiceMonitor variant ----------------------------------------------------------
 
 
@@ -260,17 +364,23 @@ def test_dashboard_copy_is_identical_to_the_chart_file() -> None:
     )
 
 
-def test_prometheus_rule_is_the_chart_rules_file(tmp_path: Path) -> None:
-    """prometheusrule.yaml is what sync.sh writes: the rules file, byte for byte, indented."""
-    result = run(["sh", MONITORING / "sync.sh", tmp_path])
+def test_generated_files_are_what_sync_writes(k8s_tools: K8sTools, tmp_path: Path) -> None:
+    """deploy/prometheus/kvcap-rules.yaml and deploy/monitoring/prometheusrule.yaml are the
+    chart's rules rendered with its defaults, byte for byte as sync.sh writes them."""
+    env = {**os.environ, "HELM": str(k8s_tools.helm)}
+    result = run(["sh", MONITORING / "sync.sh", tmp_path], env=env)
     assert result.returncode == 0, result.stderr
-    for name in ("prometheusrule.yaml", "kvcap-dashboard.json"):
-        assert (MONITORING / name).read_bytes() == (tmp_path / name).read_bytes(), (
-            f"deploy/monitoring/{name} is out of date: run deploy/monitoring/sync.sh"
+    for committed in (
+        MONITORING / "prometheusrule.yaml",
+        MONITORING / "kvcap-dashboard.json",
+        DEPLOY / "prometheus" / "kvcap-rules.yaml",
+    ):
+        assert committed.read_bytes() == (tmp_path / committed.name).read_bytes(), (
+            f"{committed.relative_to(DEPLOY)} is out of date: run deploy/monitoring/sync.sh"
         )
     rule = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text(encoding="utf-8"))
-    rules = yaml.safe_load((CHART / "files" / "kvcap-rules.yaml").read_text(encoding="utf-8"))
-    assert rule["spec"] == rules
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "kvcap-rules.yaml").read_text("utf-8"))
+    assert rule["spec"] == rules == one(k8s_tools.render(), "PrometheusRule")["spec"]
 
 
 def test_monitoring_objects(k8s_tools: K8sTools) -> None:

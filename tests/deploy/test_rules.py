@@ -16,11 +16,13 @@ import yaml
 
 from exporter.demo import DEMO_SERVED_NAME, demo_running
 from exporter.demo.simulated_vllm import SimulatedVllm
+from tests.deploy.conftest import K8sTools, one
 from tests.integration.prometheus import Prometheus
 from tests.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
-RULES_PATH = ROOT / "helm" / "kvcap-exporter" / "files" / "kvcap-rules.yaml"
+# The chart's rules rendered with its default values (deploy/monitoring/sync.sh writes it).
+RULES_PATH = ROOT / "deploy" / "prometheus" / "kvcap-rules.yaml"
 UNIT_TESTS_PATH = ROOT / "deploy" / "prometheus" / "kvcap-rules.test.yaml"
 DOC = ROOT / "docs" / "alerts-and-dashboards.md"
 METRICS_DOC = ROOT / "docs" / "metrics.md"
@@ -33,6 +35,10 @@ RECORDS = {rule["record"]: rule for rule in ALL_RULES if "record" in rule}
 
 EXPECTED_ALERTS = {
     "KvcapEngineCannotHoldOneRequest",
+    "KvcapKvCacheSaturated",
+    "KvcapRequestsWaitingWithoutHeadroom",
+    "KvcapCapacityDroppedAfterRestart",
+    "KvcapEnginePreempting",
     "KvcapCapacityMismatch",
     "KvcapCapacityUnknown",
     "KvcapEngineStale",
@@ -78,9 +84,13 @@ def test_promtool_unit_tests() -> None:
 
 
 def _replace(old: str, new: str) -> Callable[[str], str]:
+    """Replaces the first `old` (any run of whitespace in it matches any other: the
+    rendered file wraps long lines) with `new`."""
+    pattern = re.compile(r"\s+".join(re.escape(word) for word in old.split()))
+
     def change(text: str) -> str:
-        assert old in text, old
-        return text.replace(old, new, 1)
+        assert pattern.search(text), old
+        return pattern.sub(new.replace("\\", "\\\\"), text, count=1)
 
     return change
 
@@ -90,10 +100,27 @@ BROKEN = {
     "gpu threshold raised": _replace("> 0.97", "> 0.99"),
     "concurrency threshold off by one": _replace("max_concurrency < 1", "max_concurrency <= 1"),
     "capacity branch dropped": _replace(
-        "\n          or\n          kvcap_kv_cache_capacity_tokens / kvcap_max_model_len_tokens < 1",
+        "or kvcap_kv_cache_capacity_tokens / kvcap_max_model_len_tokens < 1", ""
+    ),
+    "mismatch waits less": _replace(
+        "kvcap_kv_cache_capacity_mismatch == 1 for: 15m",
+        "kvcap_kv_cache_capacity_mismatch == 1\n    for: 10m",
+    ),
+    "saturation threshold lowered": _replace("> 0.95", "> 0.94"),
+    "waiting requests not required": _replace(
+        "and on (namespace, pod, engine) max by (namespace, pod, engine) "
+        "(vllm:num_requests_waiting) > 0",
         "",
     ),
-    "mismatch waits less": _replace("for: 15m", "for: 10m"),
+    "capacity drop compared per pod": _replace(
+        "kvcap_kv_cache_capacity_tokens < on (namespace, model_name, engine) group_left",
+        "kvcap_kv_cache_capacity_tokens < on (namespace, pod, model_name, engine) group_left",
+    ),
+    "capacity drop waits less": _replace(
+        "max_over_time(kvcap_kv_cache_capacity_tokens[6h]) ) for: 15m",
+        "max_over_time(kvcap_kv_cache_capacity_tokens[6h]))\n    for: 10m",
+    ),
+    "preemption threshold lowered": _replace("> 0.1", "> 0.01"),
     "totals count double scrapes twice": _replace(
         "max by (namespace, pod, instance, engine, model_name) (kvcap_kv_cache_capacity_tokens)",
         "sum by (namespace, pod, instance, engine, model_name, job) "
@@ -107,13 +134,9 @@ BROKEN = {
         'kvcap_engine_info{collectors=~"(.*,)?vllm_http(,.*)?"}', "kvcap_engine_info"
     ),
     "stale engines not left out": _replace(
-        "\n          unless on (job, instance, engine, model_name)\n"
-        "            kvcap_engine_stale == 1",
-        "",
+        "unless on (job, instance, engine, model_name) kvcap_engine_stale == 1", ""
     ),
-    "reported capacity not left out": _replace(
-        "\n          unless kvcap_kv_cache_capacity_tokens", ""
-    ),
+    "reported capacity not left out": _replace("unless kvcap_kv_cache_capacity_tokens", ""),
     "any job's targets": _replace('up{job=~".*kvcap.*"}', "up"),
     "description template changed": _replace("holds only", "has only"),
 }
@@ -153,8 +176,9 @@ def test_alert_has_severity_for_and_templated_annotations(name: str) -> None:
     rule = ALERTS[name]
     assert rule["labels"]["severity"] in {"critical", "warning"}
     assert 5 <= _minutes(rule["for"]) <= 30
-    assert set(rule["annotations"]) == {"summary", "description"}
-    for text in rule["annotations"].values():
+    assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}
+    assert rule["annotations"]["runbook_url"].endswith(f"alerts-and-dashboards.md#{name.lower()}")
+    for text in (rule["annotations"]["summary"], rule["annotations"]["description"]):
         assert "$labels." in text
     assert "$labels.pod" in rule["annotations"]["description"]
 
@@ -309,3 +333,90 @@ def test_rules_on_a_real_prometheus(live: tuple[SimulatedVllm, RulesPrometheus])
         "target": "",
     }
     assert down["metric"]["target"] == vllm_url
+
+
+# --- the alerts' settings from the chart's values ----------------------------------------
+
+
+def _rendered_rules(k8s_tools: K8sTools, *args: str) -> dict[str, Any]:
+    spec: dict[str, Any] = one(k8s_tools.render(*args), "PrometheusRule")["spec"]
+    return spec
+
+
+def _alerts(rules: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for g in rules["groups"] for r in g["rules"] if "alert" in r}
+
+
+def test_alert_settings_come_from_the_values(k8s_tools: K8sTools, tmp_path: Path) -> None:
+    values = {
+        "prometheusRule": {
+            "alertLabels": {"team": "inference", "severity": "overridden-below"},
+            "runbookBaseUrl": "https://wiki.example.com/kvcap",
+            "alerts": {
+                "KvcapKvCacheSaturated": {"threshold": 0.8, "for": "20m", "severity": "page"},
+                "KvcapGpuMemoryNearlyFull": {"enabled": False},
+                "KvcapEngineStale": {
+                    "labels": {"pager": "true"},
+                    "runbookUrl": "https://runbooks.example.com/stale",
+                },
+            },
+        }
+    }
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values), encoding="utf-8")
+    rules = _rendered_rules(k8s_tools, "--values", str(path))
+    alerts = _alerts(rules)
+    assert set(alerts) == EXPECTED_ALERTS - {"KvcapGpuMemoryNearlyFull"}
+    saturated = alerts["KvcapKvCacheSaturated"]
+    assert saturated["expr"].strip() == (
+        "kvcap_kv_cache_used_tokens / kvcap_kv_cache_capacity_tokens > 0.8"
+    )
+    assert saturated["for"] == "20m"
+    assert saturated["labels"] == {"severity": "page", "team": "inference"}
+    assert (
+        "more than 0.8 of its KV cache tokens in use for 20m"
+        in (saturated["annotations"]["description"])
+    )
+    assert saturated["annotations"]["runbook_url"] == (
+        "https://wiki.example.com/kvcap#kvcapkvcachesaturated"
+    )
+    stale = alerts["KvcapEngineStale"]
+    assert stale["labels"] == {"severity": "warning", "team": "inference", "pager": "true"}
+    assert stale["annotations"]["runbook_url"] == "https://runbooks.example.com/stale"
+    # The recording rules are unchanged, and promtool takes the result.
+    assert rules["groups"][0] == yaml.safe_load(RULES_PATH.read_text(encoding="utf-8"))["groups"][0]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules), encoding="utf-8")
+    checked = promtool("check", "rules", "--lint=all", "--lint-fatal", str(tmp_path / "rules.yaml"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_unit_tests_pin_the_default_settings(k8s_tools: K8sTools, tmp_path: Path) -> None:
+    """Other values give other rules: the unit tests, written for the defaults, fail."""
+    rules = _rendered_rules(k8s_tools, "--set", "prometheusRule.alerts.KvcapEngineStale.for=10m")
+    (tmp_path / "kvcap-rules.yaml").write_text(yaml.safe_dump(rules), encoding="utf-8")
+    tests = dict(UNIT_TESTS, rule_files=["kvcap-rules.yaml"])
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests), encoding="utf-8")
+    result = promtool("test", "rules", "tests.yaml", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "KvcapEngineStale" in result.stdout + result.stderr
+
+
+def test_no_runbook_url_without_a_base(k8s_tools: K8sTools) -> None:
+    rules = _rendered_rules(k8s_tools, "--set", "prometheusRule.runbookBaseUrl=")
+    assert all("runbook_url" not in a["annotations"] for a in _alerts(rules).values())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "prometheusRule.alerts.KvcapNoSuchAlert.enabled=true"], "KvcapNoSuchAlert"),
+        (["--set", "prometheusRule.alerts.KvcapEngineStale.threshold=1"], "threshold"),
+        (["--set", "prometheusRule.alerts.KvcapKvCacheSaturated.for=ten"], "for"),
+        (["--set-string", "prometheusRule.alerts.KvcapKvCacheSaturated.threshold=x"], "threshold"),
+    ],
+    ids=["unknown-alert", "threshold-of-an-alert-without-one", "bad-duration", "threshold-text"],
+)
+def test_bad_alert_settings_are_refused(k8s_tools: K8sTools, args: list[str], message: str) -> None:
+    result = k8s_tools.helm_template(*args)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr

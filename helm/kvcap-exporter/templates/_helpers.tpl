@@ -8,7 +8,7 @@ computes the same names (Secrets, labels) as this chart does for its own objects
 {{- $release := .root.Release.Name -}}
 {{- if .values.fullnameOverride -}}
 {{- .values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
-{{- else if contains "kvcap-exporter" $release -}}
+{{- else if contains "kvcap" $release -}}
 {{- $release | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
 {{- printf "%s-kvcap-exporter" $release | trunc 63 | trimSuffix "-" -}}
@@ -35,7 +35,9 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 
 {{/*
 The label of the pods that run the sidecar; the monitors select it. Add it to your vLLM
-pods' labels when you include the sidecar in your own chart.
+pods' labels when you include the sidecar in your own chart. The kustomize component
+(deploy/components/kvcap-sidecar) sets the same label, "kvcap-exporter/instance: kvcap":
+the monitors of `helm install kvcap` select pods patched by either.
 */}}
 {{- define "kvcap-exporter.podLabels" -}}
 kvcap-exporter/instance: {{ include "kvcap-exporter.fullname" . }}
@@ -142,4 +144,128 @@ relabelings:
 metricRelabelings:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end -}}
+
+{{/* Whether vLLM gets kvcap's plugin from the sidecar image (plugin.enabled, with the handshake). */}}
+{{- define "kvcap-exporter.pluginEnabled" -}}
+{{- if and .values.plugin.enabled .values.handshake.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The monitors' endpoint for vLLM's own /metrics, its job relabelled to scrape.vllm.job. */}}
+{{- define "kvcap-exporter.vllmScrapeEndpoint" -}}
+{{- $v := .values -}}
+path: {{ $v.scrape.vllm.path }}
+scheme: http
+interval: {{ $v.scrape.interval }}
+scrapeTimeout: {{ $v.scrape.scrapeTimeout }}
+relabelings:
+  # Its own job: KvcapExporterDown watches the sidecars' jobs only.
+  - targetLabel: job
+    replacement: {{ $v.scrape.vllm.job }}
+  {{- with $v.scrape.relabelings }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with $v.scrape.metricRelabelings }}
+metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The rules: files/kvcap-rules.yaml, each alert completed from prometheusRule.alerts.<name>
+(dropped when not enabled): for, labels (severity, alertLabels, its own labels) and the
+runbook_url annotation; ${threshold} and ${for} in its expression and annotations are its
+values. An alert of the file without values, or values for no alert, fail the render.
+*/}}
+{{- define "kvcap-exporter.rules" -}}
+{{- $settings := .values.prometheusRule -}}
+{{- $file := .root.Files.Get "files/kvcap-rules.yaml" | fromYaml -}}
+{{- if or (hasKey $file "Error") (not $file.groups) (ne (len $file) 1) -}}
+{{- fail (printf "files/kvcap-rules.yaml must hold only groups: [...] (%v)" ($file.Error | default (keys $file))) -}}
+{{- end -}}
+{{- $seen := list -}}
+{{- $groups := list -}}
+{{- range $group := $file.groups -}}
+{{- $rules := list -}}
+{{- range $rule := $group.rules -}}
+{{- if hasKey $rule "alert" -}}
+{{- $name := $rule.alert -}}
+{{- $seen = append $seen $name -}}
+{{- $alert := required (printf "prometheusRule.alerts.%s: the settings of the alert are missing" $name) (get $settings.alerts $name) -}}
+{{- if $alert.enabled -}}
+{{- $threshold := "" -}}
+{{- if hasKey $alert "threshold" -}}
+{{- $threshold = toString $alert.threshold -}}
+{{- else if contains "${threshold}" (toJson $rule) -}}
+{{- fail (printf "prometheusRule.alerts.%s: the rule has a threshold; set threshold" $name) -}}
+{{- end -}}
+{{- $fill := dict "${threshold}" $threshold "${for}" $alert.for -}}
+{{- $annotations := dict -}}
+{{- range $key, $text := $rule.annotations -}}
+{{- $_ := set $annotations $key ($text | replace "${threshold}" $threshold | replace "${for}" $alert.for) -}}
+{{- end -}}
+{{- $runbook := $alert.runbookUrl | default (ternary "" (printf "%s#%s" $settings.runbookBaseUrl (lower $name)) (empty $settings.runbookBaseUrl)) -}}
+{{- with $runbook -}}
+{{- $_ := set $annotations "runbook_url" . -}}
+{{- end -}}
+{{- $labels := merge (dict "severity" $alert.severity) (deepCopy $alert.labels) (deepCopy $settings.alertLabels) -}}
+{{- $expr := $rule.expr | replace "${threshold}" $threshold | replace "${for}" $alert.for -}}
+{{- $rules = append $rules (dict "alert" $name "expr" $expr "for" $alert.for "labels" $labels "annotations" $annotations) -}}
+{{- end -}}
+{{- else -}}
+{{- $rules = append $rules $rule -}}
+{{- end -}}
+{{- end -}}
+{{- if $rules -}}
+{{- $groups = append $groups (dict "name" $group.name "rules" $rules) -}}
+{{- end -}}
+{{- end -}}
+{{- range $name, $_ := $settings.alerts -}}
+{{- if not (has $name $seen) -}}
+{{- fail (printf "prometheusRule.alerts.%s: files/kvcap-rules.yaml has no such alert" $name) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (dict "groups" $groups) -}}
+{{- end -}}
+
+{{/* The Deployment autoscaling scales: autoscaling.deployment, else the example's. */}}
+{{- define "kvcap-exporter.autoscalingTarget" -}}
+{{- $v := .values -}}
+{{- if $v.autoscaling.deployment -}}
+{{- $v.autoscaling.deployment -}}
+{{- else if $v.example.enabled -}}
+{{- include "kvcap-exporter.name" (dict "context" . "suffix" "vllm") -}}
+{{- else -}}
+{{- fail "autoscaling: set autoscaling.deployment (the vLLM Deployment to scale) or example.enabled" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Replicas needed to keep targetFreeTokensPerReplica free KV tokens per replica on average:
+used / (capacity per replica - target), over the engines whose usage is known, each counted
+once (max by engine: a PodMonitor and a ServiceMonitor may both scrape a sidecar). Takes
+(dict "values" "root" "matchers"): the label matchers of the Deployment's kvcap series.
+*/}}
+{{- define "kvcap-exporter.replicasNeededQuery" -}}
+{{- $m := .matchers -}}
+{{- $target := int64 .values.autoscaling.targetFreeTokensPerReplica -}}
+sum(max by (namespace, pod, engine) (kvcap_kv_cache_used_tokens{ {{- $m -}} }))
+/
+clamp_min(
+  sum(max by (namespace, pod, engine) (kvcap_kv_cache_capacity_tokens{ {{- $m -}} } and kvcap_kv_cache_used_tokens{ {{- $m -}} }))
+  / count(count by (namespace, pod) (kvcap_kv_cache_used_tokens{ {{- $m -}} }))
+  - {{ $target }},
+  1
+)
+{{- end -}}
+
+{{- define "kvcap-exporter.autoscalingMatchers" -}}
+{{- $v := .values -}}
+{{- if $v.autoscaling.matchers -}}
+{{- $v.autoscaling.matchers -}}
+{{- else if $v.autoscaling.modelName -}}
+{{- printf "namespace=%q, model_name=%q" .root.Release.Namespace $v.autoscaling.modelName -}}
+{{- else -}}
+{{- printf "namespace=%q, pod=~%q" .root.Release.Namespace (printf "%s-.+" (include "kvcap-exporter.autoscalingTarget" .)) -}}
+{{- end -}}
 {{- end -}}

@@ -3,14 +3,51 @@ The sidecar, as named templates a vLLM pod template is built from. Each takes
 (dict "values" <kvcap-exporter values> "root" $). From a chart that has kvcap-exporter as a
 dependency: (dict "values" (index .Values "kvcap-exporter") "root" $). README.md shows a pod.
 
+  kvcap-exporter.initContainers     the plugin installer and the sidecar: items of the pod's
+                                    initContainers (the two below)
+  kvcap-exporter.pluginInstaller    copies kvcap's vLLM plugin from the sidecar image into
+                                    the kvcap-plugin volume (empty when plugin.enabled=false)
   kvcap-exporter.sidecar            the sidecar: one item of the pod's initContainers
   kvcap-exporter.volumes            the volumes it needs: items of the pod's volumes
-  kvcap-exporter.vllmEnv            env items of the vLLM container (the handshake endpoint)
-  kvcap-exporter.vllmVolumeMounts   volumeMounts items of the vLLM container (socket dir)
+  kvcap-exporter.vllmEnv            env items of the vLLM container (the handshake endpoint,
+                                    PYTHONPATH with the plugin)
+  kvcap-exporter.vllmVolumeMounts   volumeMounts items of the vLLM container (socket dir,
+                                    plugin folder)
   kvcap-exporter.podLabels          the pod label the PodMonitor selects (_helpers.tpl)
 
 The vLLM container itself takes vllm.args as its args: the same list the sidecar reads.
 */}}
+
+{{- define "kvcap-exporter.initContainers" -}}
+{{- $installer := include "kvcap-exporter.pluginInstaller" . | trim -}}
+{{- if $installer }}{{ $installer }}
+{{ end -}}
+{{ include "kvcap-exporter.sidecar" . }}
+{{- end -}}
+
+{{/*
+kvcap's vLLM plugin without rebuilding vLLM's image: the sidecar image holds it at
+/opt/kvcap-plugin (the wheel installed with --target: the package and its .dist-info,
+whose entry_points.txt registers it in vllm.general_plugins); this init container copies
+it into the kvcap-plugin volume, which vLLM mounts read-only at plugin.mountPath, on its
+PYTHONPATH. It needs only msgspec and pyzmq, which vLLM has.
+*/}}
+{{- define "kvcap-exporter.pluginInstaller" -}}
+{{- if include "kvcap-exporter.pluginEnabled" . -}}
+{{- $v := .values -}}
+- name: {{ $v.sidecar.name }}-plugin
+  image: {{ include "kvcap-exporter.image" . | quote }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  command: ["cp", "-R", "/opt/kvcap-plugin/.", "/kvcap-plugin/"]
+  resources:
+    {{- toYaml $v.plugin.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml $v.sidecar.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: kvcap-plugin
+      mountPath: /kvcap-plugin
+{{- end -}}
+{{- end -}}
 
 {{- define "kvcap-exporter.sidecar" -}}
 {{- include "kvcap-exporter.checkValues" . -}}
@@ -141,6 +178,12 @@ httpGet:
 
 {{- define "kvcap-exporter.volumes" -}}
 {{- $v := .values -}}
+{{- if include "kvcap-exporter.pluginEnabled" . }}
+# kvcap's vLLM plugin, copied from the sidecar image, on vLLM's PYTHONPATH.
+- name: kvcap-plugin
+  emptyDir:
+    sizeLimit: 32Mi
+{{- end }}
 {{- if and $v.handshake.enabled (include "kvcap-exporter.socketDir" .) }}
 # The handshake socket's directory, shared with vLLM.
 - name: kvcap-run
@@ -166,6 +209,11 @@ httpGet:
 - name: KVCAP_HANDSHAKE_ENDPOINT
   value: {{ .values.handshake.endpoint | quote }}
 {{- end }}
+{{- if include "kvcap-exporter.pluginEnabled" . }}
+# vLLM finds the plugin by the entry point of its .dist-info in this folder.
+- name: PYTHONPATH
+  value: {{ .values.plugin.mountPath | quote }}
+{{- end }}
 {{- end -}}
 
 {{- define "kvcap-exporter.vllmVolumeMounts" -}}
@@ -173,6 +221,11 @@ httpGet:
 {{- if and .values.handshake.enabled $socketDir }}
 - name: kvcap-run
   mountPath: {{ $socketDir }}
+{{- end }}
+{{- if include "kvcap-exporter.pluginEnabled" . }}
+- name: kvcap-plugin
+  mountPath: {{ .values.plugin.mountPath }}
+  readOnly: true
 {{- end }}
 {{- end -}}
 
