@@ -1,13 +1,23 @@
-"""Fetch one HTTP document with a timeout and a size cap; classify every failure."""
+"""Fetch one HTTP document under a total deadline and a size cap; classify every failure."""
 
 from __future__ import annotations
 
 import http.client
 import socket
-import urllib.error
-import urllib.request
+import ssl
+import time
 import zlib
-from typing import Protocol
+from typing import Final, Protocol
+from urllib.parse import urljoin, urlsplit
+
+# A redirect is followed only to the same scheme, host and port (Starlette answers
+# /metrics with 307 to /metrics/ in some vLLM releases), and only this many times.
+_MAX_REDIRECTS: Final = 3
+_REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
+# What vLLM serves its endpoints as; anything else (an HTML login or error page from a
+# proxy, say) is not parsed.
+_CONTENT_TYPES: Final = ("text/plain", "application/openmetrics-text", "application/json")
+_CHUNK_BYTES: Final = 256 * 1024
 
 
 class FetchError(Exception):
@@ -25,40 +35,119 @@ class Fetcher(Protocol):
 
 
 def fetch(url: str, *, timeout_s: float, max_bytes: int) -> bytes:
-    """GET `url`, accepting gzip; the decoded body may not exceed `max_bytes`."""
-    request = urllib.request.Request(
-        url, headers={"Accept-Encoding": "gzip", "User-Agent": "kvcap-exporter"}
-    )
+    """GET `url`, accepting gzip; the whole fetch (connect, redirects, every byte of the
+    body) must end within `timeout_s`, and the decoded body may not exceed `max_bytes`."""
+    deadline = time.monotonic() + timeout_s
+    origin = _origin(url)
+    for _ in range(_MAX_REDIRECTS + 1):
+        try:
+            outcome = _get_once(url, deadline, max_bytes)
+        except TimeoutError:
+            raise FetchError("timeout", f"{url}: not answered within {timeout_s}s") from None
+        except http.client.IncompleteRead as error:
+            raise FetchError(
+                "truncated", f"{url}: body ended after {len(error.partial)} bytes"
+            ) from None
+        except (ConnectionError, http.client.HTTPException, OSError) as error:
+            raise FetchError(_network_reason(error), f"{url}: {error}") from None
+        if isinstance(outcome, bytes):
+            return outcome
+        target = urljoin(url, outcome)
+        if _origin(target) != origin:
+            raise FetchError("redirect", f"{url}: redirected to another host or port: {target}")
+        url = target
+    raise FetchError("redirect", f"{url}: more than {_MAX_REDIRECTS} redirects")
+
+
+def _get_once(url: str, deadline: float, max_bytes: int) -> bytes | str:
+    """The body, or the Location of a redirect."""
+    parts = urlsplit(url)
+    connection = _connection(parts.scheme, parts.hostname or "", parts.port, _left(deadline))
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            raw: bytes = response.read(max_bytes + 1)
-            encoding = (response.headers.get("Content-Encoding") or "").lower()
-            declared = response.headers.get("Content-Length")
-    except urllib.error.HTTPError as error:
-        raise FetchError(f"http_{error.code // 100}xx", f"HTTP {error.code} from {url}") from None
-    except urllib.error.URLError as error:
-        raise FetchError(_network_reason(error.reason), f"{url}: {error.reason}") from None
-    except http.client.IncompleteRead as error:
-        raise FetchError(
-            "truncated", f"{url}: body ended after {len(error.partial)} bytes"
-        ) from None
-    except TimeoutError:
-        raise FetchError("timeout", f"{url}: no answer within {timeout_s}s") from None
-    except (ConnectionError, http.client.HTTPException, OSError) as error:
-        raise FetchError(_network_reason(error), f"{url}: {error}") from None
-    if len(raw) > max_bytes:
-        raise FetchError("body_too_large", f"{url}: body larger than {max_bytes} bytes")
-    # read(n) returns a short body quietly when the server hangs up early.
-    if (
-        declared is not None
-        and declared.isascii()
-        and declared.isdigit()
-        and len(raw) < int(declared)
-    ):
-        raise FetchError("truncated", f"{url}: body ended after {len(raw)} of {declared} bytes")
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        connection.request(
+            "GET", path, headers={"Accept-Encoding": "gzip", "User-Agent": "kvcap-exporter"}
+        )
+        _set_timeout(connection, deadline)
+        response = connection.getresponse()
+        if response.status in _REDIRECTS:
+            return response.headers.get("Location") or ""
+        if response.status >= 400:
+            raise FetchError(
+                f"http_{response.status // 100}xx", f"HTTP {response.status} from {url}"
+            )
+        _check_content_type(url, response.headers.get("Content-Type"))
+        raw = _read_body(connection, response, deadline, max_bytes, url)
+        encoding = (response.headers.get("Content-Encoding") or "").lower()
+    finally:
+        connection.close()
     if encoding == "gzip":
         return _gunzip(url, raw, max_bytes)
     return raw
+
+
+def _connection(
+    scheme: str, host: str, port: int | None, timeout_s: float
+) -> http.client.HTTPConnection:
+    if scheme == "https":
+        return http.client.HTTPSConnection(
+            host, port, timeout=timeout_s, context=ssl.create_default_context()
+        )
+    if scheme != "http":
+        raise FetchError("network", f"unsupported URL scheme {scheme!r}")
+    return http.client.HTTPConnection(host, port, timeout=timeout_s)
+
+
+def _read_body(
+    connection: http.client.HTTPConnection,
+    response: http.client.HTTPResponse,
+    deadline: float,
+    max_bytes: int,
+    url: str,
+) -> bytes:
+    declared = response.headers.get("Content-Length")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        _set_timeout(connection, deadline)  # a server trickling bytes meets the same deadline
+        chunk = response.read1(min(_CHUNK_BYTES, max_bytes + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > max_bytes:
+            raise FetchError("body_too_large", f"{url}: body larger than {max_bytes} bytes")
+    raw = b"".join(chunks)
+    # A server that hangs up early ends the body quietly.
+    if declared is not None and declared.isascii() and declared.isdigit() and size < int(declared):
+        raise FetchError("truncated", f"{url}: body ended after {size} of {declared} bytes")
+    return raw
+
+
+def _set_timeout(connection: http.client.HTTPConnection, deadline: float) -> None:
+    if connection.sock is not None:
+        connection.sock.settimeout(_left(deadline))
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left
+
+
+def _check_content_type(url: str, content_type: str | None) -> None:
+    if content_type is None:  # not said: parsing decides
+        return
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type not in _CONTENT_TYPES:
+        raise FetchError("content_type", f"{url}: served as {media_type!r}, not a vLLM document")
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    default = 443 if parts.scheme == "https" else 80
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or default
 
 
 def _gunzip(url: str, raw: bytes, max_bytes: int) -> bytes:

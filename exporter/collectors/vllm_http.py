@@ -42,6 +42,9 @@ log = structlog.get_logger("kvcap.vllm_http")
 NAME = "vllm_http"
 # As --handshake.forget-after, and for the same reasons (exporter/collectors/handshake.py).
 DEFAULT_FORGET_AFTER_S = 600.0
+# Engines one API server may show when neither --vllm.max-engines nor the server's
+# --data-parallel-size says: past any real deployment, far below what a hostile body holds.
+DEFAULT_MAX_ENGINES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +52,7 @@ class VllmHttpSettings:
     urls: tuple[str, ...]
     poll_interval_s: float = 5.0
     timeout_s: float = 3.0
-    max_body_bytes: int = 32 * 2**20
+    max_body_bytes: int = 8 * 2**20
     # Last good data stays fresh this long after a failed read, then is marked stale.
     stale_after_s: float = 15.0
     # A server that has failed every read this long loses its engines from the state.
@@ -58,6 +61,7 @@ class VllmHttpSettings:
     model_config: Path | None = None
     # The vLLM platform of the servers ("cuda", "cpu"), or "auto": from each engine's labels.
     platform: str = AUTO_PLATFORM
+    max_engines: int | None = None  # None: the server's --data-parallel-size, else 256
 
 
 class VllmHttpCollector:
@@ -133,21 +137,29 @@ class ServerPoller:
         began = time.monotonic()
         try:
             documents = self.fetch_documents()
+            args = self.serve_args()
             reading = read_server(
-                documents, self.serve_args(), self.deriver(documents), self.settings.platform
+                documents,
+                args,
+                self.deriver(documents),
+                self.settings.platform,
+                max_engines=self.max_engines(args),
             )
         except FetchError as error:
             self._failed(error.reason, str(error), began)
             return
         except MalformedExposition as error:
-            self._failed("malformed_exposition", str(error), began)
+            self._failed(error.reason, str(error), began)
             return
         except Exception as error:
             log.exception("collector_internal_error", target=self.url)
             self._failed("internal_error", f"{type(error).__name__}: {error}", began)
             return
         for reason, message in reading.warnings:
-            self._warn_once("capacity_not_derived", message, reason=reason)
+            event = (
+                "blocks_approximate" if reason == "blocks_approximate" else "capacity_not_derived"
+            )
+            self._warn_once(event, message, reason=reason)
         # Problems that are gone are forgotten: the set holds only today's problems (messages
         # carry figures, so it would grow over restarts), and one that comes back is logged.
         self._warned.intersection_update(message for _, message in reading.warnings)
@@ -199,6 +211,13 @@ class ServerPoller:
 
     def serve_args(self) -> VllmServeArgs | None:
         return self.settings.serve_args or discover_serve_args()
+
+    def max_engines(self, args: VllmServeArgs | None) -> int:
+        """--vllm.max-engines, else the server's --data-parallel-size, else 256."""
+        if self.settings.max_engines is not None:
+            return self.settings.max_engines
+        size = args.data_parallel_size if args is not None else None
+        return size if size else DEFAULT_MAX_ENGINES
 
     def deriver(self, documents: ServerDocuments) -> Deriver | None:
         """The capacity model for the served model: --model.config, else /v1/models `root`
@@ -301,8 +320,8 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
         "--vllm.max-body-size",
         dest="vllm_max_body_size",
         type=parse_size,
-        default=32 * 2**20,
-        help="largest accepted body (default 32MiB)",
+        default=8 * 2**20,
+        help="largest accepted body (default 8MiB)",
     )
     group.add_argument(
         "--vllm.stale-after",
@@ -319,6 +338,14 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
         default=DEFAULT_FORGET_AFTER_S,
         help="seconds after the last good read that a failing server's engines are "
         f"dropped (default {DEFAULT_FORGET_AFTER_S:g})",
+    )
+    group.add_argument(
+        "--vllm.max-engines",
+        dest="vllm_max_engines",
+        type=int,
+        default=None,
+        help="most engines one API server may show; more is refused as an error (default "
+        "the server's --data-parallel-size, else 256)",
     )
     group.add_argument(
         "--vllm.args",
@@ -355,6 +382,8 @@ def _build(args: argparse.Namespace) -> VllmHttpCollector | None:
             "--vllm.stale-after and --vllm.forget-after must be positive, "
             "the stale window shorter than the forget window"
         )
+    if args.vllm_max_engines is not None and not 1 <= args.vllm_max_engines <= 65536:
+        raise ConfigError("--vllm.max-engines must be between 1 and 65536")
     return VllmHttpCollector(
         VllmHttpSettings(
             urls=tuple(args.vllm_url),
@@ -366,6 +395,7 @@ def _build(args: argparse.Namespace) -> VllmHttpCollector | None:
             serve_args=serve_args,
             model_config=args.model_config,
             platform=args.vllm_platform,
+            max_engines=args.vllm_max_engines,
         )
     )
 

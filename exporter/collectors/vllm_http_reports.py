@@ -3,8 +3,13 @@
 Pure: the poller fetches, this module decides. Rules, per engine behind the server:
 - `num_gpu_blocks` in `vllm:cache_config_info` is the SUM over the engines behind the API
   server (vLLM's frontend adds every engine's ready response, in every release checked,
-  0.10.2 to 0.33), repeated on each engine's series. Engines of one server are identical,
-  so one engine's blocks = the label / the number of `engine` label values.
+  0.10.2 to 0.33), repeated on each engine's series. Engines of one server are usually
+  identical, so one engine's blocks = the label / the number of `engine` label values.
+  When that does not divide (DP ranks whose memory differs: vllm PR #46106 measured
+  thousands of blocks of spread over 8 ranks), the sum is shared out in proportion to each
+  engine's own `kv_cache_size_tokens`, marked approximate, and said once.
+- An `engine` label is a short decimal integer (vLLM's DP rank); at most `max_engines`
+  engines and model names of at most MAX_MODEL_NAME_CHARS: anything else is refused.
 - `kv_cache_size_tokens` and `kv_cache_max_concurrency` (vLLM 0.24 and later) are already
   per engine: they are vLLM's own numbers and win over derived ones.
 - The derived capacity (capacity model with the engine's known block count) is computed
@@ -15,9 +20,10 @@ Pure: the poller fetches, this module decides. Rules, per engine behind the serv
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Final
 
 from exporter.capacity import CapacityResult, EngineCapacity, EngineSettings, derive_capacity
 from exporter.capacity.platforms import CPU, PLATFORMS
@@ -36,6 +42,9 @@ from exporter.state import EngineReport, KvUsage, engine_number, engine_sort_key
 # The capacity model of one model config; raises KvcapError when it cannot give a number.
 # Derivations are cached by their inputs: they change only when an engine restarts.
 Deriver = Callable[[EngineSettings, int], CapacityResult]
+
+MAX_MODEL_NAME_CHARS: Final = 256
+_ENGINE_LABEL: Final = re.compile(r"[0-9]{1,5}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +80,8 @@ def read_server(
     args: VllmServeArgs | None,
     derive: Deriver | None,
     platform: str = AUTO_PLATFORM,
+    *,
+    max_engines: int = 256,
 ) -> ServerReading:
     """All engine reports of one API server. Raises MalformedExposition on bad /metrics."""
     samples = parse_vllm_metrics(documents.metrics)
@@ -82,6 +93,8 @@ def read_server(
     waiting = _by_engine(samples["vllm:num_requests_waiting"])
     names = _model_names(samples)
     engines = sorted(set(infos) | set(usage) | set(running), key=engine_sort_key)
+    _check_bounds(engines, names, max_engines)
+    blocks_of, approximate = _blocks_per_engine(infos)
     model = served_model(documents.models)
     version = _json_text((documents.version or {}).get("version"))
     max_model_len = _json_length(model.get("max_model_len"))
@@ -92,10 +105,12 @@ def read_server(
     )
 
     warnings: list[tuple[str, str]] = []
+    if approximate:
+        warnings.append(("blocks_approximate", approximate))
     reports = []
     for engine in engines:
         info = infos.get(engine)
-        blocks = _engine_blocks(info, len(infos))
+        blocks = blocks_of.get(engine)
         reported = EngineCapacity(
             num_gpu_blocks=blocks,
             block_size=info.block_size if info else None,
@@ -103,11 +118,13 @@ def read_server(
             kv_cache_max_concurrency=info.kv_cache_max_concurrency if info else None,
             max_model_len=max_model_len,
             cache_dtype=info.cache_dtype if info else None,
+            approximate=True if approximate and blocks is not None else None,
         )
-        # A length that is there but wrong is not replaced by a guess from the arguments.
+        # A length that is there but wrong is not replaced by a guess from the arguments;
+        # estimated blocks would only give an estimated derivation to check vLLM against.
         plan, error = (
-            (None, length_error)
-            if length_error
+            (None, length_error or approximate)
+            if length_error or approximate
             else _derive(args, info, max_model_len, blocks, derive, platform=platform)
         )
         if error is not None:
@@ -182,15 +199,51 @@ def _model_names(samples: Mapping[str, list[Sample]]) -> dict[str, str]:
     return names
 
 
-def _engine_blocks(info: CacheConfigInfo | None, engines: int) -> int | None:
-    if info is None or info.num_gpu_blocks is None or engines == 0:
-        return None
-    if info.num_gpu_blocks % engines:
+def _check_bounds(engines: Sequence[str], names: Mapping[str, str], max_engines: int) -> None:
+    if len(engines) > max_engines:
         raise MalformedExposition(
-            f"cache_config_info num_gpu_blocks={info.num_gpu_blocks} is not a sum over "
-            f"{engines} identical engines"
+            f"{len(engines)} engines behind one API server, more than {max_engines} "
+            "(--vllm.max-engines)",
+            reason="too_many_engines",
         )
-    return info.num_gpu_blocks // engines
+    for engine in engines:
+        if not _ENGINE_LABEL.fullmatch(engine):
+            raise MalformedExposition(
+                f"engine label {engine[:40]!r} is not a data-parallel rank", reason="bad_label"
+            )
+    for name in names.values():
+        if len(name) > MAX_MODEL_NAME_CHARS:
+            raise MalformedExposition(
+                f"model_name of {len(name)} characters, more than {MAX_MODEL_NAME_CHARS}",
+                reason="bad_label",
+            )
+
+
+def _blocks_per_engine(infos: Mapping[str, CacheConfigInfo]) -> tuple[dict[str, int], str]:
+    """Each engine's share of the summed num_gpu_blocks, and why it is approximate ("" when
+    exact). Engines all carry the same sum; when it does not divide evenly, it is shared
+    out by each engine's own kv_cache_size_tokens (largest remainders, so the shares add up
+    to vLLM's sum), or left unknown when an engine reports no token count."""
+    totals = {info.num_gpu_blocks for info in infos.values() if info.num_gpu_blocks is not None}
+    if len(totals) != 1:
+        return {}, "" if not totals else "engines disagree on the summed num_gpu_blocks"
+    total = totals.pop()
+    if total % len(infos) == 0:
+        return {engine: total // len(infos) for engine in infos}, ""
+    why = (
+        f"num_gpu_blocks={total} is not a sum over {len(infos)} identical engines: "
+        "per-engine blocks are shared out by each engine's kv_cache_size_tokens, approximate"
+    )
+    tokens = {engine: info.kv_cache_size_tokens for engine, info in infos.items()}
+    if any(count is None or count <= 0 for count in tokens.values()):
+        return {}, why.split(":", maxsplit=1)[0] + ": per-engine blocks unknown"
+    known = {engine: count for engine, count in tokens.items() if count is not None}
+    whole = sum(known.values())
+    shares = {engine: total * count // whole for engine, count in known.items()}
+    remainders = sorted(known, key=lambda e: -(total * known[e] % whole))
+    for engine in remainders[: total - sum(shares.values())]:
+        shares[engine] += 1
+    return shares, why
 
 
 def _derive(

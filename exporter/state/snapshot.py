@@ -47,8 +47,12 @@ class EngineView:
 
     @property
     def approximate(self) -> bool:
-        """The exported token count is the capacity model's approximation of a family."""
-        return self.capacity_source == "derived" and self.capacity.approximate is True
+        """The exported token count is the capacity model's approximation of a family, or
+        the exported block count is an estimate (DP ranks of unequal size behind one API
+        server, which reports only their sum; no derivation is made from it then)."""
+        if self.capacity.approximate is not True:
+            return False
+        return self.capacity_source == "derived" or self.derived_kv_cache_size_tokens is None
 
     @property
     def used_tokens(self) -> float | None:

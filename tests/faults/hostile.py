@@ -57,7 +57,7 @@ class Daemon:
     def counter(self, name: str, headers: dict[str, str] | None = None, **labels: str) -> float:
         """A sample of the daemon's own /metrics, 0 when absent."""
         body = scrape(self, headers=headers).body.decode()
-        wanted = "".join(f'{k}="{v}"' for k, v in labels.items())
+        wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
         for line in body.splitlines():
             match = re.fullmatch(rf"{name}(?:\{{(.*)\}})? (\S+)", line)
             if match and (match[1] or "") == wanted:

@@ -37,6 +37,10 @@ VLLM_FAMILIES: frozenset[str] = frozenset(
 # it keeps one scrape from holding megabytes of label text.
 MAX_LABELS_PER_SAMPLE = 64
 MAX_LABEL_VALUE_CHARS = 4096
+# Samples of one family: one per engine in every family read (a few per engine with LoRA
+# adapters), so 16 per engine at --vllm.max-engines' ceiling. The scan stops there rather
+# than build a hundred thousand samples from a hostile body.
+MAX_SAMPLES_PER_FAMILY = 16 * 1024
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 # One `name="value"` pair and an optional comma. The value pattern is the unrolled
@@ -70,9 +74,12 @@ class MalformedExposition(ValueError):
     value is not the number vLLM always writes there).
     """
 
-    def __init__(self, message: str, *, line_number: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, line_number: int | None = None, reason: str = "malformed_exposition"
+    ) -> None:
         super().__init__(message)
         self.line_number = line_number
+        self.reason = reason  # the kvcap_collector_errors_total reason label
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +127,12 @@ def parse_vllm_metrics(
             raise MalformedExposition(
                 f"line {number}: {family}: {reason}: {text[:200]!r}", line_number=number
             ) from None
-        found[family].append(sample)
+        samples = found[family]
+        samples.append(sample)
+        if len(samples) > MAX_SAMPLES_PER_FAMILY:
+            raise MalformedExposition(
+                f"{family}: more than {MAX_SAMPLES_PER_FAMILY} samples", reason="too_many_samples"
+            )
     return found
 
 
