@@ -213,10 +213,14 @@ class ServerPoller:
         return self.settings.serve_args or discover_serve_args()
 
     def max_engines(self, args: VllmServeArgs | None) -> int:
-        """--vllm.max-engines, else the server's --data-parallel-size, else 256."""
+        """--vllm.max-engines, else the --data-parallel-size of --vllm.args, else 256.
+
+        Not the size of a command line found in /proc: that may be another process's.
+        """
         if self.settings.max_engines is not None:
             return self.settings.max_engines
-        size = args.data_parallel_size if args is not None else None
+        explicit = self.settings.serve_args
+        size = explicit.data_parallel_size if explicit is not None else None
         return size if size else DEFAULT_MAX_ENGINES
 
     def deriver(self, documents: ServerDocuments) -> Deriver | None:
@@ -345,7 +349,7 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
         type=int,
         default=None,
         help="most engines one API server may show; more is refused as an error (default "
-        "the server's --data-parallel-size, else 256)",
+        "the --data-parallel-size of --vllm.args, else 256)",
     )
     group.add_argument(
         "--vllm.args",

@@ -422,10 +422,12 @@ def test_a_bad_server_answer_is_counted_not_fatal(
         )
         poll_once(url, settings, store)
     snapshot = store.snapshot()
-    # Either refused as malformed and counted, or read with the problem shown per engine.
-    assert snapshot.errors.get(("vllm_http", "malformed_exposition")) == 1 or (
-        snapshot.collectors[0].up and snapshot.engines
+    # Either refused as malformed (or as a label out of bounds) and counted, or read with
+    # the problem shown per engine.
+    refused = sum(
+        snapshot.errors.get(("vllm_http", r), 0) for r in ("malformed_exposition", "bad_label")
     )
+    assert refused == 1 or (snapshot.collectors[0].up and snapshot.engines)
 
 
 def test_a_lone_surrogate_in_v1_models_breaks_no_scrape() -> None:
