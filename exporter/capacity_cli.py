@@ -11,6 +11,7 @@ from typing import Any, TextIO
 from exporter.capacity import CapacityResult, EngineSettings, derive_capacity
 from exporter.capacity.batch import result_to_json, run_case
 from exporter.capacity.platforms import CUDA, PLATFORMS
+from exporter.capacity.releases import NEWEST
 from exporter.errors import ConfigError
 from exporter.model_config import load_model_config
 from exporter.units import parse_count, parse_size
@@ -41,6 +42,10 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--mamba-cache-dtype", default="auto")
     parser.add_argument("--mamba-ssm-cache-dtype", default="auto")
+    parser.add_argument(
+        "--vllm-version",
+        help="plan as this vLLM release does (e.g. 0.18.1; default: the newest kvcap knows)",
+    )
     parser.add_argument(
         "--platform",
         choices=list(PLATFORMS),
@@ -95,6 +100,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         mamba_cache_dtype=args.mamba_cache_dtype,
         mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
         platform=args.platform,
+        vllm_version=args.vllm_version,
     )
     result = derive_capacity(
         load_model_config(Path(args.config)),
@@ -112,10 +118,19 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 
 def format_result(result: CapacityResult) -> str:
     lines = [*result.log_lines, ""]
-    if result.approximate:
+    if result.log_note:
+        lines.append(
+            f"note: kvcap's capacity is {result.kv_cache_size_tokens:,} tokens: {result.log_note}"
+        )
+    if result.family == "generic":
         lines.append(
             f"note: {result.architecture} is not a known family; derived with the generic "
             "rule (approximate)"
+        )
+    elif result.approximate:
+        lines.append(
+            f"note: vLLM {result.vllm_version} is newer than the newest release kvcap knows "
+            f"({NEWEST.name}); planned with that release's rules (approximate)"
         )
     lines.append(
         f"num_gpu_blocks={result.num_gpu_blocks} block_size={result.block_size} "

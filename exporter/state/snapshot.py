@@ -44,6 +44,8 @@ class EngineView:
     local_rank: int | None = None
     devices: tuple[str, ...] = ()
     platform: str | None = None
+    log_lines: tuple[str, ...] = ()
+    log_note: str | None = None
 
     @property
     def approximate(self) -> bool:
@@ -147,4 +149,6 @@ def merge_engine(sightings: Sequence[Sighting]) -> EngineView:
         local_rank=next((r.local_rank for r in reports if r.local_rank is not None), None),
         devices=next((r.devices for r in reports if r.devices), ()),
         platform=next((r.platform for r in reports if r.platform), None),
+        log_lines=next((r.log_lines for r in reports if r.log_lines), ()),
+        log_note=next((r.log_note for r in reports if r.log_note), None),
     )

@@ -38,13 +38,14 @@ def test_live_tiny_llama_figures() -> None:
     """vLLM 0.32.0 on CPU logged 2,097,152 tokens / 1024.00x with 1 GiB and 2,048 tokens."""
     result = derive_capacity(
         config("llama-dp1"),
-        EngineSettings(max_model_len=2048, platform="cpu"),
+        EngineSettings(max_model_len=2048, platform="cpu", vllm_version="0.32.0"),
         available_kv_bytes_per_worker=GIB,
     )
     assert (result.block_size, result.num_gpu_blocks) == (128, 16384)
     assert result.kv_cache_size_tokens == 2_097_152
     assert result.max_concurrency == 1024.0
-    assert result.log_lines[0] == "CPU KV cache size: 2,097,152 tokens"
+    logged = (LIVE_CPU / "0.32.0" / "llama-dp1" / "log-lines.txt").read_text().splitlines()
+    assert list(result.log_lines) == logged
 
 
 @pytest.mark.parametrize("tp", [1, 2])

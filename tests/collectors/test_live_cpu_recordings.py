@@ -69,6 +69,9 @@ def test_the_sidecar_derives_what_the_live_cpu_engine_logged(name: str) -> None:
         assert view.capacity.max_model_len == int(length.replace(",", ""))
         assert f"{view.capacity.kv_cache_max_concurrency:.2f}" == concurrency
         assert view.capacity.block_size == 128
+        # /version says 0.32.0: the line that release prints, as the engine printed it.
+        assert view.log_lines == (lines[0],)
+        assert view.log_note is None
 
 
 def test_a_cpu_engine_planned_as_a_gpu_one_mismatches() -> None:

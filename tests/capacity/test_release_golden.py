@@ -1,0 +1,55 @@
+"""Golden records of older vLLM releases, computed by each release's own code, reproduced.
+
+`tests/fixtures/golden/releases/vllm-<release>-<platform>.jsonl` are written by
+`scripts/release_golden.py` (not run here: it needs that release's vLLM); see
+tests/fixtures/golden/releases/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.capacity.batch import run_case
+from tests.conftest import GOLDEN
+
+RELEASE_FILES = sorted((GOLDEN / "releases").glob("vllm-*.jsonl"))
+_GROUP_FIELDS = ("spec_type", "num_layers", "block_size", "page_size_bytes")
+_EXACT = ("num_gpu_blocks", "block_size", "kv_cache_size_tokens", "max_model_len", "log_lines")
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+RECORDS = [(path.stem, record) for path in RELEASE_FILES for record in _records(path)]
+
+
+def test_every_release_file_has_records() -> None:
+    assert {stem for stem, _ in RECORDS} == {path.stem for path in RELEASE_FILES}
+    assert {"vllm-0.27.0-cpu", "vllm-0.32.0-cpu"} <= {path.stem for path in RELEASE_FILES}
+
+
+@pytest.mark.parametrize(
+    ("stem", "record"), RECORDS, ids=[f"{stem}:{record['id']}" for stem, record in RECORDS]
+)
+def test_kvcap_plans_as_the_release_did(stem: str, record: dict[str, Any]) -> None:
+    got = run_case(record)
+    if "error" in record:
+        assert "error" in got, got.get("result")
+        assert got["error"]["type"] == record["error"]["type"]
+        return
+    assert "result" in got, got.get("error")
+    result, want = got["result"], record["result"]
+    assert result["vllm_version"] == record["vllm_version"]
+    assert result["platform"] == record["platform"]
+    for field in _EXACT:
+        assert result[field] == want[field], field
+    assert result["max_concurrency"] == pytest.approx(want["max_concurrency"], rel=1e-12)
+    assert [tuple(g[f] for f in _GROUP_FIELDS) for g in result["groups"]] == [
+        tuple(g[f] for f in _GROUP_FIELDS) for g in want["groups"]
+    ]
