@@ -12,7 +12,7 @@ from pathlib import Path
 from benchmarks.common import Row, print_rows
 
 # Each module has rows() -> list[Row]; the order is the order of the table.
-MODULES = ("scrape", "parse", "handshake", "daemon", "capacity", "nvml")
+MODULES = ("scrape", "parse", "handshake", "daemon", "capacity", "nvml", "kv_events")
 
 
 def main() -> None:

@@ -65,6 +65,9 @@ class ReadyResponse(msgspec.Struct, frozen=True):
     kv_cache_size_tokens: int | None = None
     kv_cache_max_concurrency: float | None = None
     effective_attention_block_size: int | None = None
+    # vLLM's resolved KVEventsConfig (a map) when it publishes KV events; read leniently
+    # by the kv_events collector, so an odd value cannot fail the ready response.
+    kv_events_config: Any = None
 
 
 class GroupExtra(msgspec.Struct, frozen=True):

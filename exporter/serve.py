@@ -14,8 +14,10 @@ import structlog
 
 from exporter import __version__
 from exporter.collectors import COLLECTORS, Collector, collector_priority
+from exporter.collectors.kv_events import residency_views
 from exporter.exposition import ExpositionCache
 from exporter.exposition.app import build_routes
+from exporter.exposition.prefix_cache import PrefixCacheCollector
 from exporter.logs import LEVELS, configure_logging
 from exporter.state import StateStore
 from exporter.web import WebServer
@@ -120,10 +122,13 @@ class Exporter:
         self.store = store or StateStore(priority=collector_priority())
         self.collectors = list(collectors)
         counters = WebCounters()
-        cache = ExpositionCache(self.store.snapshot, per_scrape=[counters])
+        residency = residency_views(self.collectors)
+        cache = ExpositionCache(
+            self.store.snapshot, per_scrape=[counters, PrefixCacheCollector(residency)]
+        )
         self.server = WebServer(
             listen_address,
-            build_routes(self.store.snapshot, cache),
+            build_routes(self.store.snapshot, cache, residency),
             web_config_file=web_config_file,
             max_connections=max_connections,
             allow_downgrade=allow_downgrade,

@@ -1,6 +1,11 @@
 """Collectors: each turns one outside interface into engine reports; they register themselves."""
 
-from exporter.collectors import handshake, nvml, vllm_http  # noqa: F401 (importing registers them)
+from exporter.collectors import (  # noqa: F401 (importing registers them)
+    handshake,
+    kv_events,
+    nvml,
+    vllm_http,
+)
 from exporter.collectors.registry import (
     COLLECTORS,
     Collector,

@@ -29,6 +29,7 @@ from exporter.capacity import (
     kind_of_spec_type,
 )
 from exporter.capacity.platforms import PLATFORMS
+from exporter.collectors.kv_events_endpoints import endpoints_from_sources
 from exporter.collectors.registry import CollectorSpec, register_collector
 from exporter.errors import ConfigError
 from exporter.handshake_wire import (
@@ -96,8 +97,12 @@ def engine_report(ready: ReadyResponse, extras: ReadyExtras | None) -> EngineRep
         # consecutively, so its place among them is its index modulo engines per node.
         engines_per_node = max(len(devices) // world_size, 1)
         local_rank = ready.data_parallel_rank % engines_per_node
+    engine = str(ready.data_parallel_rank)
+    # The sidecar shares the engine's pod: a wildcard publisher is reached on loopback.
+    kv_events = endpoints_from_sources({engine: ready.kv_events_config}, "http://127.0.0.1")
     return EngineReport(
-        engine=str(ready.data_parallel_rank),
+        engine=engine,
+        kv_events=kv_events.get(engine),
         world_size=world_size,
         local_rank=local_rank,
         devices=devices,

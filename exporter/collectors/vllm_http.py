@@ -1,5 +1,5 @@
-"""Collector `vllm_http`: poll stock vLLM API servers (/metrics, /v1/models, /version), any
-vLLM from 0.10 to 0.33, no plugin needed."""
+"""Collector `vllm_http`: poll stock vLLM API servers (/metrics, /v1/models, /version,
+/kv_event_sources for the kv_events collector), any vLLM from 0.10 to 0.33, no plugin needed."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import structlog
 
 from exporter.capacity.platforms import PLATFORMS
 from exporter.collectors.http_fetch import Fetcher, FetchError, fetch
+from exporter.collectors.kv_events_endpoints import endpoints_from_sources
 from exporter.collectors.parsing import MalformedExposition, VllmServeArgs, parse_vllm_serve_args
 from exporter.collectors.registry import CollectorSpec, register_collector
 from exporter.collectors.vllm_http_reports import (
@@ -165,7 +166,9 @@ class ServerPoller:
         self._warned.intersection_update(message for _, message in reading.warnings)
         self.last_success = time.monotonic()
         self.forgotten = False
-        self.sink.publish(NAME, self.url, reading.reports, duration_s=time.monotonic() - began)
+        endpoints = endpoints_from_sources(documents.kv_event_sources, self.url)
+        reports = [replace(r, kv_events=endpoints.get(r.engine)) for r in reading.reports]
+        self.sink.publish(NAME, self.url, reports, duration_s=time.monotonic() - began)
 
     def _failed(self, reason: str, message: str, began: float) -> None:
         silent_s = time.monotonic() - self.last_success
@@ -194,6 +197,7 @@ class ServerPoller:
             metrics=metrics,
             models=self._json("/v1/models"),
             version=self._json("/version"),
+            kv_event_sources=self._json("/kv_event_sources"),
         )
 
     def _json(self, path: str) -> Mapping[str, Any] | None:
@@ -407,7 +411,7 @@ def _build(args: argparse.Namespace) -> VllmHttpCollector | None:
 register_collector(
     CollectorSpec(
         name=NAME,
-        help="poll vLLM API servers' /metrics, /v1/models and /version",
+        help="poll vLLM API servers' /metrics, /v1/models, /version and /kv_event_sources",
         default_enabled=True,
         add_arguments=_add_arguments,
         build=_build,

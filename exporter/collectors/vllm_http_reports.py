@@ -54,6 +54,7 @@ class ServerDocuments:
     metrics: str
     models: Mapping[str, Any] | None = None
     version: Mapping[str, Any] | None = None
+    kv_event_sources: Mapping[str, Any] | None = None  # where each DP rank publishes KV events
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,21 +6,27 @@ Every route only reads the current snapshot; nothing here can change state.
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
 import msgspec
 
 from exporter import __version__
+from exporter.exposition.prefix_cache import residency_document
 from exporter.exposition.render import ExpositionCache
+from exporter.prefix_cache import ResidencyView
 from exporter.state import EngineView, Snapshot
 from exporter.web import Handler, Request, Response
 
 _JSON = "application/json"
 
 
-def build_routes(snapshot: Callable[[], Snapshot], cache: ExpositionCache) -> dict[str, Handler]:
+def build_routes(
+    snapshot: Callable[[], Snapshot],
+    cache: ExpositionCache,
+    residency: Callable[[], list[ResidencyView]] | None = None,
+) -> dict[str, Handler]:
     def metrics(request: Request) -> Response:
         body = cache.body(
             accept=request.headers.get("accept"),
@@ -43,7 +49,8 @@ def build_routes(snapshot: Callable[[], Snapshot], cache: ExpositionCache) -> di
         return Response(503, text.encode(), "text/plain; charset=utf-8")
 
     def engines(request: Request) -> Response:
-        return Response(200, msgspec.json.encode(engines_document(snapshot())), _JSON)
+        views = residency() if residency else []
+        return Response(200, msgspec.json.encode(engines_document(snapshot(), views)), _JSON)
 
     def landing(request: Request) -> Response:
         return Response(200, landing_page(snapshot()).encode(), "text/html; charset=utf-8")
@@ -57,18 +64,27 @@ def build_routes(snapshot: Callable[[], Snapshot], cache: ExpositionCache) -> di
     }
 
 
-def engine_document(view: EngineView) -> dict[str, Any]:
+def engine_document(view: EngineView, residency: ResidencyView | None = None) -> dict[str, Any]:
     document = asdict(view)
     document["approximate"] = view.approximate
     document["used_tokens"] = view.used_tokens
+    document["prefix_cache"] = residency_document(residency) if residency else None
     return document
 
 
-def engines_document(current: Snapshot) -> dict[str, Any]:
+def engines_document(current: Snapshot, residency: Sequence[ResidencyView] = ()) -> dict[str, Any]:
+    by_engine = {r.engine: r for r in residency}
+    known = {view.engine for view in current.engines}
     return {
         "version": __version__,
         "ready": current.ready,
-        "engines": [engine_document(view) for view in current.engines],
+        "engines": [engine_document(view, by_engine.get(view.engine)) for view in current.engines],
+        # Engines only the kv_events collector knows (an endpoint given by flag).
+        "prefix_cache_only": [
+            {"engine": r.engine, "prefix_cache": residency_document(r)}
+            for r in residency
+            if r.engine not in known
+        ],
         "collectors": [asdict(status) for status in current.collectors],
     }
 

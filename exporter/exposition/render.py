@@ -2,7 +2,8 @@
 
 The exposition is a pure function of the snapshot, so it is rendered when the snapshot
 changes and served as bytes until the next change. Only the process_* series (CPU,
-memory of this process) and the counters of what the HTTP server refused are rendered per
+memory of this process), the prefix-cache residency (it changes with every KV event batch)
+and the counters of what the HTTP server refused are rendered per
 scrape, and appended.
 """
 

@@ -29,6 +29,16 @@ class KvUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class KvEventsEndpoint:
+    """Where one engine publishes its KV events, as a subscriber connects to it.
+    `engine` None: the engine is the DP rank the batches carry."""
+
+    endpoint: str
+    replay_endpoint: str | None = None
+    engine: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class EngineReport:
     """One collector's view of one engine (one data-parallel rank)."""
 
@@ -53,6 +63,7 @@ class EngineReport:
     world_size: int | None = None
     local_rank: int | None = None
     devices: tuple[str, ...] = ()
+    kv_events: KvEventsEndpoint | None = None  # the engine's KV event publisher, if on
 
 
 @dataclass(frozen=True, slots=True)

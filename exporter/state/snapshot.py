@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from exporter.capacity import EngineCapacity, merge_capacities
-from exporter.state.records import EngineReport, GpuReport, KvUsage
+from exporter.state.records import EngineReport, GpuReport, KvEventsEndpoint, KvUsage
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +46,7 @@ class EngineView:
     platform: str | None = None
     log_lines: tuple[str, ...] = ()
     log_note: str | None = None
+    kv_events: KvEventsEndpoint | None = None
 
     @property
     def approximate(self) -> bool:
@@ -151,4 +152,5 @@ def merge_engine(sightings: Sequence[Sighting]) -> EngineView:
         platform=next((r.platform for r in reports if r.platform), None),
         log_lines=next((r.log_lines for r in reports if r.log_lines), ()),
         log_note=next((r.log_note for r in reports if r.log_note), None),
+        kv_events=next((r.kv_events for r in reports if r.kv_events), None),
     )

@@ -13,8 +13,10 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.exposition import ExpositionCache
+from exporter.exposition.prefix_cache import PrefixCacheCollector
 from exporter.state import StateStore
 from exporter.web.counters import WebCounters
+from tests.prefix_cache.helpers import recorded_views
 from tests.state.helpers import reports
 from tests.state.test_gpus import gpu
 from tests.tools import require_tool
@@ -32,7 +34,9 @@ def rich_store() -> StateStore:
 
 
 def text_body(store: StateStore) -> str:
-    cache = ExpositionCache(store.snapshot, per_scrape=[WebCounters()])
+    cache = ExpositionCache(
+        store.snapshot, per_scrape=[WebCounters(), PrefixCacheCollector(recorded_views)]
+    )
     return cache.body().content.decode()
 
 
@@ -62,7 +66,9 @@ def test_promtool_check_metrics_is_clean(tmp_path: Path) -> None:
 
 
 def test_openmetrics_and_gzip_variants_carry_the_same_samples() -> None:
-    cache = ExpositionCache(rich_store().snapshot)
+    cache = ExpositionCache(
+        rich_store().snapshot, per_scrape=[PrefixCacheCollector(recorded_views)]
+    )
     text = cache.body().content.decode()
     om = cache.body(accept="application/openmetrics-text; version=1.0.0").content.decode()
     zipped = cache.body(accept_encoding="gzip, deflate")

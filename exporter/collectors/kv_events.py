@@ -1,0 +1,436 @@
+"""Collector `kv_events`: subscribe to each engine's KV event publisher and keep what its
+prefix cache holds (exporter/prefix_cache/residency.py), per group and medium.
+
+Endpoints come from --kv-events.endpoint, and from what the other collectors learned
+(vLLM's /kv_event_sources, the handshake's ready response), read from the state. A
+sequence gap is filled from the engine's replay endpoint when it has one; else the
+residency is marked approximate until an AllBlocksCleared or a restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import structlog
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from exporter.collectors.kv_events_endpoints import parse_endpoint_flag
+from exporter.collectors.kv_events_sequence import Step, classify, missing_from
+from exporter.collectors.registry import CollectorSpec, register_collector
+from exporter.kv_events_wire import (
+    BatchDecoder,
+    MalformedBatch,
+    parse_sequence,
+    sequence_frame,
+)
+from exporter.prefix_cache.residency import DEFAULT_MAX_BLOCKS, EngineResidency, ResidencyView
+from exporter.state import KvEventsEndpoint, Snapshot, StateSink
+from exporter.units import parse_size
+
+log = structlog.get_logger("kvcap.kv_events")
+
+NAME = "kv_events"
+_POLL_MS = 200
+_END_OF_REPLAY = -1
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventsSettings:
+    endpoints: tuple[KvEventsEndpoint, ...] = ()
+    discover: bool = True  # also follow the endpoints other collectors report
+    max_message_bytes: int = 64 * 2**20
+    max_blocks: int = DEFAULT_MAX_BLOCKS
+    replay_timeout_s: float = 2.0
+    max_replay_batches: int = 100_000
+    connect_timeout_s: float = 5.0
+    discovery_interval_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineHint:
+    """What the engine state knows about one engine that the residency needs."""
+
+    num_gpu_blocks: int | None
+    instance_id: str | None
+    kv_events: KvEventsEndpoint | None
+
+
+@runtime_checkable
+class SnapshotReader(Protocol):
+    """The state's read side (StateStore has it): pool sizes, restarts, endpoints."""
+
+    def snapshot(self) -> Snapshot: ...
+
+
+def engine_hints(snapshot: Snapshot) -> dict[str, EngineHint]:
+    return {
+        view.engine: EngineHint(view.capacity.num_gpu_blocks, view.instance_id, view.kv_events)
+        for view in snapshot.engines
+    }
+
+
+class ResidencyBook:
+    """Every engine's residency, by engine label; read by the exposition each scrape."""
+
+    def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
+        self._max_blocks = max_blocks
+        self._lock = threading.Lock()
+        self._engines: dict[str, EngineResidency] = {}
+        self._instances: dict[str, str] = {}
+
+    def engine(self, engine: str) -> EngineResidency:
+        with self._lock:
+            found = self._engines.get(engine)
+            if found is None:
+                found = self._engines[engine] = EngineResidency(engine, self._max_blocks)
+            return found
+
+    def views(self) -> list[ResidencyView]:
+        with self._lock:
+            engines = list(self._engines.values())
+        return [e.view() for e in engines]
+
+    def apply_hints(self, hints: Mapping[str, EngineHint]) -> None:
+        """Pool sizes bound the sets; a new instance_id is a restart: the cache is gone."""
+        with self._lock:
+            engines = dict(self._engines)
+        for engine, residency in engines.items():
+            hint = hints.get(engine)
+            if hint is None:
+                continue
+            residency.pool_blocks = hint.num_gpu_blocks
+            if hint.instance_id is None:
+                continue
+            before = self._instances.get(engine)
+            self._instances[engine] = hint.instance_id
+            if before is not None and before != hint.instance_id:
+                log.info("engine restarted: residency cleared", engine=engine)
+                residency.reset()
+
+
+class Subscription:
+    """One SUB socket to one publisher, with its sequence and connection state."""
+
+    def __init__(
+        self,
+        context: zmq.Context[zmq.Socket[bytes]],
+        endpoint: KvEventsEndpoint,
+        book: ResidencyBook,
+        settings: KvEventsSettings,
+    ) -> None:
+        self.endpoint = endpoint
+        self.book = book
+        self.settings = settings
+        self.context = context
+        self.socket = context.socket(zmq.SUB)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, settings.max_message_bytes)
+        self.socket.setsockopt(zmq.RCVHWM, 0)  # the publisher's hwm drops; a gap shows it
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self.socket.connect(endpoint.endpoint)
+        self.created_at = time.monotonic()
+        self.connected = False
+        self.reported = False
+        self.last_sequence: int | None = None
+        self.engine: str | None = endpoint.engine
+        self.decoder = BatchDecoder()
+
+    def close(self) -> None:
+        self.socket.disable_monitor()
+        self.monitor.close(linger=0)
+        self.socket.close(linger=0)
+
+    def residency(self, rank: int | None) -> EngineResidency:
+        if self.engine is None:
+            self.engine = str(rank or 0)
+        return self.book.engine(self.engine)
+
+    def on_monitor(self, sink: StateSink) -> None:
+        event = recv_monitor_message(self.monitor)
+        connected = event["event"] == zmq.EVENT_CONNECTED
+        if connected == self.connected:
+            return
+        self.connected = connected
+        self.reported = True
+        if self.engine is not None:
+            self.book.engine(self.engine).up = connected
+        if connected:
+            sink.publish(NAME, self.endpoint.endpoint, ())
+        else:
+            sink.fail(NAME, self.endpoint.endpoint, "disconnected", "the publisher went away")
+
+    def on_message(self, sink: StateSink) -> None:
+        frames = self.socket.recv_multipart()
+        if len(frames) != 3:
+            self._malformed(sink, f"a message has 3 frames, got {len(frames)}")
+            return
+        try:
+            sequence = parse_sequence(frames[1])
+            batch = self.decoder.decode(frames[2])
+        except MalformedBatch as error:
+            self._malformed(sink, str(error))
+            return
+        residency = self.residency(batch.data_parallel_rank)
+        residency.up = True
+        self._catch_up(residency, sequence)
+        residency.apply(batch)
+        self.last_sequence = sequence
+
+    def _malformed(self, sink: StateSink, message: str) -> None:
+        sink.reject(NAME, self.endpoint.endpoint, "malformed_batch", message)
+        if self.engine is not None:
+            residency = self.book.engine(self.engine)
+            with residency.lock:
+                residency.drop("malformed_batch")
+                residency.mark_approximate("a batch could not be read")
+
+    def _catch_up(self, residency: EngineResidency, sequence: int) -> None:
+        """Before applying batch `sequence`: handle a restart or a gap."""
+        step = classify(self.last_sequence, sequence)
+        if step is Step.RESTART:
+            log.info("publisher restarted: residency cleared", engine=residency.engine)
+            residency.reset()
+        start = missing_from(self.last_sequence, sequence)
+        if start is None:
+            return
+        if step is Step.GAP:
+            with residency.lock:
+                residency.gaps_total += 1
+        replayed = self._replay(start, sequence)
+        for _, payload in replayed:
+            try:
+                residency.apply(self.decoder.decode(payload))
+            except MalformedBatch:
+                with residency.lock:
+                    residency.drop("malformed_batch")
+                    residency.mark_approximate("a replayed batch could not be read")
+        # The replay is contiguous and below `sequence`: it is complete when it has all.
+        if len(replayed) < sequence - start:
+            with residency.lock:
+                residency.drop("missed", sequence - start - len(replayed))
+                residency.mark_approximate(
+                    "joined the stream after its start"
+                    if step is not Step.GAP
+                    else "batches were lost (sequence gap)"
+                )
+
+    def _replay(self, start: int, before: int) -> list[tuple[int, bytes]]:
+        """Batches `start` .. `before - 1` from the replay endpoint, in order; as many
+        as it still has (empty without a replay endpoint or on a timeout)."""
+        if self.endpoint.replay_endpoint is None:
+            return []
+        try:
+            return fetch_replay(
+                self.context,
+                self.endpoint.replay_endpoint,
+                start=start,
+                before=before,
+                timeout_s=self.settings.replay_timeout_s,
+                max_batches=self.settings.max_replay_batches,
+            )
+        except (zmq.ZMQError, MalformedBatch) as error:
+            log.warning("replay failed", endpoint=self.endpoint.replay_endpoint, error=str(error))
+            return []
+
+
+def fetch_replay(
+    context: zmq.Context[zmq.Socket[bytes]],
+    endpoint: str,
+    *,
+    start: int,
+    before: int,
+    timeout_s: float,
+    max_batches: int,
+) -> list[tuple[int, bytes]]:
+    """Ask vLLM's replay ROUTER for every batch from `start` on (it answers each as
+    [b"", topic, seq, payload], then [b"", b"", -1, b""]); keep those before `before`."""
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    try:
+        dealer.connect(endpoint)
+        dealer.send_multipart([b"", sequence_frame(start)])
+        found: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + timeout_s
+        while len(found) < max_batches:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0 or not dealer.poll(remaining_ms):
+                break  # what came is kept: the rest counts as missed
+            frames = dealer.recv_multipart()
+            if len(frames) != 4:
+                raise MalformedBatch(f"a replay message has 4 frames, got {len(frames)}")
+            sequence = parse_sequence(frames[2])
+            if sequence == _END_OF_REPLAY:
+                break
+            if start <= sequence < before and (not found or sequence == found[-1][0] + 1):
+                found.append((sequence, frames[3]))
+        return found
+    finally:
+        dealer.close(linger=0)
+
+
+class KvEventsCollector:
+    """One thread polls every subscription; a discovery tick follows the state."""
+
+    name = NAME
+
+    def __init__(
+        self,
+        settings: KvEventsSettings,
+        book: ResidencyBook | None = None,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.book = book or ResidencyBook(settings.max_blocks)
+        self.context = context or zmq.Context.instance()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._subscriptions: dict[str, Subscription] = {}
+        self._hints: Callable[[], Mapping[str, EngineHint]] = dict
+
+    def start(self, sink: StateSink) -> None:
+        if isinstance(sink, SnapshotReader):
+            reader = sink
+            self._hints = lambda: engine_hints(reader.snapshot())
+        self._thread = threading.Thread(
+            target=self._run, args=(sink,), name="kv-events", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout_s: float) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def views(self) -> list[ResidencyView]:
+        return self.book.views()
+
+    def _run(self, sink: StateSink) -> None:
+        for endpoint in self.settings.endpoints:
+            self._subscribe(endpoint, sink)
+        next_tick = 0.0
+        try:
+            while not self._stop.is_set():
+                if time.monotonic() >= next_tick:
+                    self._tick(sink)
+                    next_tick = time.monotonic() + self.settings.discovery_interval_s
+                self._poll_once(sink)
+        finally:
+            for subscription in self._subscriptions.values():
+                subscription.close()
+
+    def _poll_once(self, sink: StateSink) -> None:
+        if not self._subscriptions:
+            self._stop.wait(_POLL_MS / 1000)
+            return
+        poller = zmq.Poller()
+        handlers: dict[Any, Callable[[StateSink], None]] = {}
+        for subscription in self._subscriptions.values():
+            poller.register(subscription.socket, zmq.POLLIN)
+            poller.register(subscription.monitor, zmq.POLLIN)
+            handlers[subscription.socket] = subscription.on_message
+            handlers[subscription.monitor] = subscription.on_monitor
+        for socket, _ in poller.poll(_POLL_MS):
+            try:
+                handlers[socket](sink)
+            except Exception as error:  # never let one bad message end the collector
+                log.exception("kv event handling failed", error=str(error))
+                sink.reject(NAME, "kv_events", "internal_error", str(error))
+
+    def _tick(self, sink: StateSink) -> None:
+        hints = self._hints()
+        if self.settings.discover:
+            for hint in hints.values():
+                if hint.kv_events is not None:
+                    self._subscribe(hint.kv_events, sink)
+        self.book.apply_hints(hints)
+        for subscription in self._subscriptions.values():
+            age = time.monotonic() - subscription.created_at
+            if not subscription.reported and age > self.settings.connect_timeout_s:
+                subscription.reported = True
+                sink.fail(NAME, subscription.endpoint.endpoint, "not_connected", "no publisher")
+
+    def _subscribe(self, endpoint: KvEventsEndpoint, sink: StateSink) -> None:
+        current = self._subscriptions.get(endpoint.endpoint)
+        if current is not None and current.endpoint == endpoint:
+            return
+        if current is not None:
+            current.close()
+        log.info("subscribing", endpoint=endpoint.endpoint, engine=endpoint.engine)
+        sink.register_target(NAME, endpoint.endpoint)
+        self._subscriptions[endpoint.endpoint] = Subscription(
+            self.context, endpoint, self.book, self.settings
+        )
+
+
+def _add_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--kv-events.endpoint",
+        dest="kv_events_endpoint",
+        action="append",
+        default=[],
+        metavar="[ENGINE=]ENDPOINT[+REPLAY]",
+        help="a vLLM KV event publisher to subscribe to (repeatable), e.g. "
+        "0=tcp://127.0.0.1:5557+tcp://127.0.0.1:5558; vLLM must bind it (tcp://*:PORT)",
+    )
+    group.add_argument(
+        "--kv-events.discover",
+        dest="kv_events_discover",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also subscribe to the endpoints vLLM reports (/kv_event_sources, handshake)",
+    )
+    group.add_argument(
+        "--kv-events.max-message-size",
+        dest="kv_events_max_message_size",
+        type=parse_size,
+        default=64 * 2**20,
+        help="largest accepted event batch (default 64MiB)",
+    )
+    group.add_argument(
+        "--kv-events.max-blocks",
+        dest="kv_events_max_blocks",
+        type=int,
+        default=DEFAULT_MAX_BLOCKS,
+        help="most blocks tracked per group and medium while the pool size is unknown",
+    )
+
+
+def _build(args: argparse.Namespace) -> KvEventsCollector | None:
+    endpoints = tuple(parse_endpoint_flag(value) for value in args.kv_events_endpoint)
+    discover = args.kv_events_discover and bool(
+        getattr(args, "vllm_url", None) or getattr(args, "collector_handshake", False)
+    )
+    if not endpoints and not discover:
+        return None
+    return KvEventsCollector(
+        KvEventsSettings(
+            endpoints=endpoints,
+            discover=args.kv_events_discover,
+            max_message_bytes=args.kv_events_max_message_size,
+            max_blocks=max(1, args.kv_events_max_blocks),
+        )
+    )
+
+
+def residency_views(collectors: Iterable[object]) -> Callable[[], list[ResidencyView]]:
+    """The residency readers of the running kv_events collectors, for the exposition."""
+    running = [c for c in collectors if isinstance(c, KvEventsCollector)]
+    return lambda: [view for c in running for view in c.views()]
+
+
+register_collector(
+    CollectorSpec(
+        name=NAME,
+        help="subscribe to vLLM's KV events: prefix-cache residency per engine and group",
+        default_enabled=True,
+        add_arguments=_add_arguments,
+        build=_build,
+    )
+)

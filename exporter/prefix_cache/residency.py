@@ -1,0 +1,253 @@
+"""What each engine's prefix cache holds, rebuilt from its KV events (pure, no I/O).
+
+Per engine, KV cache group and medium: the resident block hashes, each with the engine
+time it was stored, so a removal yields the block's lifetime. A set never holds more
+blocks than the engine's pool (`num_gpu_blocks`): beyond that the oldest are pruned and
+the residency is marked approximate, so a wrong stream cannot grow memory without bound.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Final
+
+from exporter.kv_events_wire import (
+    REMOVED_TYPES,
+    STORED_TYPES,
+    DecodedBatch,
+    RemovedEvent,
+    StoredEvent,
+)
+
+DEFAULT_MEDIUM: Final = "GPU"  # releases before 0.10.2 name no medium: their blocks are GPU blocks
+# Media per engine kvcap tracks; vLLM has three (GPU, CPU, STORAGE). A stream naming more
+# is not a real engine, and each medium is a label value.
+MAX_MEDIA: Final = 4
+# The bound when the engine's pool size is not known yet.
+DEFAULT_MAX_BLOCKS: Final = 2**22
+# Store-to-removal seconds: a prefix evicted within seconds is thrashing; one that lives
+# for hours is a system prompt.
+LIFETIME_BUCKETS_S: Final = (
+    1.0,
+    5.0,
+    15.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+    7200.0,
+    21600.0,
+    86400.0,
+)
+
+
+@dataclass(slots=True)
+class Lifetimes:
+    """A histogram of block lifetimes: counts per bucket of LIFETIME_BUCKETS_S, then +Inf."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LIFETIME_BUCKETS_S) + 1))
+    sum_s: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        # A removal stamped before its store (clock steps on the engine) counts as 0 s.
+        seconds = max(0.0, seconds)
+        self.counts[bisect_left(LIFETIME_BUCKETS_S, seconds)] += 1
+        self.sum_s += seconds
+
+
+@dataclass(slots=True)
+class BlockPool:
+    """The resident blocks of one group and medium, and what ever entered and left it."""
+
+    blocks: dict[int | bytes, float] = field(default_factory=dict)  # hash -> stored at (s)
+    block_size: int | None = None
+    kind: str | None = None  # kv_cache_spec_kind, where the release sends it
+    stored_total: int = 0
+    removed_total: int = 0  # left by removal, clear, prune or restart: stored - removed = resident
+    lifetimes: Lifetimes = field(default_factory=Lifetimes)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    group: int
+    medium: str
+    resident_blocks: int
+    block_size: int | None
+    kind: str | None
+    stored_total: int
+    removed_total: int
+    lifetime_counts: tuple[int, ...]
+    lifetime_sum_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencyView:
+    """One consistent reading of an engine's residency (taken under its lock)."""
+
+    engine: str
+    pools: tuple[PoolView, ...]
+    pool_blocks: int | None
+    approximate: bool
+    approximate_reason: str | None
+    cleared_total: int
+    events_received_total: int
+    dropped_total: dict[str, int]
+    gaps_total: int
+    up: bool
+
+
+class EngineResidency:
+    """The residency of one engine. `apply` runs on the collector's thread, `view` on the
+    scrape thread: both take the lock, so a scrape sees whole batches only."""
+
+    def __init__(self, engine: str, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
+        self.engine = engine
+        self.max_blocks = max_blocks
+        self.pool_blocks: int | None = None
+        self.pools: dict[tuple[int, str], BlockPool] = {}
+        self.approximate_reason: str | None = None
+        self.cleared_total = 0
+        self.events_received_total = 0
+        self.dropped_total: dict[str, int] = {}
+        self.gaps_total = 0
+        self.up = False
+        self.lock = threading.Lock()
+
+    @property
+    def bound(self) -> int:
+        return min(self.pool_blocks, self.max_blocks) if self.pool_blocks else self.max_blocks
+
+    def apply(self, batch: DecodedBatch) -> None:
+        """Apply one decoded batch (the caller has checked its sequence number)."""
+        ts = batch.ts
+        with self.lock:
+            self.events_received_total += len(batch.events) + batch.rejected
+            if batch.rejected:
+                self.drop("rejected", batch.rejected)
+            for event in batch.events:
+                # The hot loop (one event per evicted block): dispatch on the exact type.
+                if type(event) in REMOVED_TYPES:
+                    self._remove(event, ts)  # type: ignore[arg-type]
+                elif type(event) in STORED_TYPES:
+                    self._store(event, ts)  # type: ignore[arg-type]
+                else:
+                    self._clear_locked()
+                    self.cleared_total += 1
+                    # A clear empties the engine's cache: from here on the sets are exact.
+                    self.approximate_reason = None
+
+    def _pool(self, group: int | None, medium: str | None) -> BlockPool | None:
+        key = (group or 0, medium or DEFAULT_MEDIUM)
+        pool = self.pools.get(key)
+        if pool is None:
+            if len({m for _, m in self.pools} | {key[1]}) > MAX_MEDIA:
+                return None
+            pool = self.pools[key] = BlockPool()
+        return pool
+
+    def _store(self, event: StoredEvent, ts: float) -> None:
+        pool = self._pool(event.group_idx, event.medium)
+        if pool is None:
+            self.drop("too_many_media")
+            return
+        if event.block_size is not None:
+            pool.block_size = event.block_size
+        if event.kv_cache_spec_kind is not None:
+            pool.kind = event.kv_cache_spec_kind
+        blocks = pool.blocks
+        before = len(blocks)
+        for block_hash in event.block_hashes:
+            # A hash already resident keeps its first store time.
+            if block_hash not in blocks:
+                blocks[block_hash] = ts
+        pool.stored_total += len(blocks) - before
+        excess = len(blocks) - self.bound
+        if excess > 0:
+            self._prune(pool, excess)
+
+    def _prune(self, pool: BlockPool, excess: int) -> None:
+        """More blocks than the pool holds: removals were missed. Drop the oldest."""
+        # One scan for all of them: popping the first key one at a time rescans the
+        # holes the earlier pops left at the front of the dict.
+        for block_hash in list(islice(pool.blocks, excess)):
+            del pool.blocks[block_hash]
+        pool.removed_total += excess
+        self.mark_approximate("more blocks than the pool holds: removals were missed")
+
+    def _remove(self, event: RemovedEvent, ts: float) -> None:
+        pool = self.pools.get((event.group_idx or 0, event.medium or DEFAULT_MEDIUM))
+        hashes = event.block_hashes
+        if pool is None:
+            self.drop("unknown_block", len(hashes))
+            return
+        pop, lifetimes = pool.blocks.pop, pool.lifetimes
+        counts, unknown, total_s = lifetimes.counts, 0, 0.0
+        for block_hash in hashes:
+            stored = pop(block_hash, None)
+            if stored is None:
+                unknown += 1
+                continue
+            # Lifetimes.observe, inlined: this runs once per evicted block. A removal
+            # stamped before its store (the engine's clock stepped) counts as 0 s.
+            seconds = ts - stored if ts > stored else 0.0
+            counts[bisect_left(LIFETIME_BUCKETS_S, seconds)] += 1
+            total_s += seconds
+        lifetimes.sum_s += total_s
+        pool.removed_total += len(hashes) - unknown
+        if unknown:
+            self.drop("unknown_block", unknown)
+
+    def drop(self, reason: str, count: int = 1) -> None:
+        self.dropped_total[reason] = self.dropped_total.get(reason, 0) + count
+
+    def mark_approximate(self, reason: str) -> None:
+        if self.approximate_reason is None:
+            self.approximate_reason = reason
+
+    def _clear_locked(self) -> None:
+        for pool in self.pools.values():
+            pool.removed_total += len(pool.blocks)
+            pool.blocks.clear()
+
+    def reset(self, reason: str | None = None) -> None:
+        """The engine restarted (new instance, sequence from zero): nothing it cached
+        survives. `reason`: why what follows is approximate, None when it is exact."""
+        with self.lock:
+            self._clear_locked()
+            self.cleared_total += 1
+            self.approximate_reason = reason
+
+    def view(self) -> ResidencyView:
+        with self.lock:
+            pools = tuple(
+                PoolView(
+                    group=group,
+                    medium=medium,
+                    resident_blocks=len(pool.blocks),
+                    block_size=pool.block_size,
+                    kind=pool.kind,
+                    stored_total=pool.stored_total,
+                    removed_total=pool.removed_total,
+                    lifetime_counts=tuple(pool.lifetimes.counts),
+                    lifetime_sum_s=pool.lifetimes.sum_s,
+                )
+                for (group, medium), pool in sorted(self.pools.items())
+            )
+            return ResidencyView(
+                engine=self.engine,
+                pools=pools,
+                pool_blocks=self.pool_blocks,
+                approximate=self.approximate_reason is not None,
+                approximate_reason=self.approximate_reason,
+                cleared_total=self.cleared_total,
+                events_received_total=self.events_received_total,
+                dropped_total=dict(self.dropped_total),
+                gaps_total=self.gaps_total,
+                up=self.up,
+            )

@@ -1,0 +1,241 @@
+"""The kv_events collector on real ZMQ sockets: order, gaps, replay, restarts, discovery.
+
+The publisher is tests/kv_events_publisher.py (vLLM's protocol, checked live in
+tests/live); the batches are the ones a live vLLM 0.32.0 sent (tests/fixtures/kv_events).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from exporter.capacity import EngineCapacity
+from exporter.collectors.kv_events import KvEventsCollector, KvEventsSettings
+from exporter.kv_events_wire import decode_batch
+from exporter.prefix_cache import EngineResidency, ResidencyView
+from exporter.state import EngineReport, KvEventsEndpoint, StateStore
+from tests.kv_events_data import EVICTIONS, SHARED_PREFIX, frames
+from tests.kv_events_publisher import StandInPublisher
+
+STREAM = [payload for name in (SHARED_PREFIX, EVICTIONS) for _, _, payload in frames(name)]
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def publisher() -> Iterator[StandInPublisher]:
+    found = StandInPublisher()
+    yield found
+    found.close()
+
+
+def running(
+    endpoint: KvEventsEndpoint, store: StateStore | None = None, **settings: object
+) -> tuple[KvEventsCollector, StateStore]:
+    store = store or StateStore()
+    source = KvEventsCollector(
+        KvEventsSettings(endpoints=(endpoint,), discovery_interval_s=0.05, **settings)  # type: ignore[arg-type]
+    )
+    source.start(store)
+    return source, store
+
+
+def view(source: KvEventsCollector, engine: str = "0") -> ResidencyView | None:
+    return next((v for v in source.views() if v.engine == engine), None)
+
+
+def received(source: KvEventsCollector, count: int) -> Callable[[], bool]:
+    def check() -> bool:
+        found = view(source)
+        return found is not None and found.events_received_total >= count
+
+    return check
+
+
+def events_in(payloads: list[bytes]) -> int:
+    return sum(len(decode_batch(p).events) for p in payloads)
+
+
+def reference(payloads: list[bytes]) -> tuple[int, int, int]:
+    """(resident, stored, removed) of applying `payloads` in order, without the collector."""
+    residency = EngineResidency("0")
+    for payload in payloads:
+        residency.apply(decode_batch(payload))
+    (pool,) = residency.view().pools
+    return pool.resident_blocks, pool.stored_total, pool.removed_total
+
+
+def totals(found: ResidencyView) -> tuple[int, int, int]:
+    (pool,) = found.pools
+    return pool.resident_blocks, pool.stored_total, pool.removed_total
+
+
+def test_an_in_order_stream_is_applied_exactly(publisher: StandInPublisher) -> None:
+    source, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    try:
+        publisher.wait_for_subscriber()
+        for sequence, payload in enumerate(STREAM):
+            publisher.publish(sequence, payload)
+        wait_for(received(source, events_in(STREAM)), "every event")
+        found = view(source)
+        assert found is not None
+        assert totals(found) == reference(STREAM)
+        assert not found.approximate
+        assert found.up
+        status = next(s for s in store.snapshot().collectors if s.collector == "kv_events")
+        assert status.up
+    finally:
+        source.stop(2)
+
+
+def test_a_gap_is_filled_from_the_replay_endpoint(publisher: StandInPublisher) -> None:
+    source, _ = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
+    try:
+        publisher.wait_for_subscriber()
+        for sequence, payload in enumerate(STREAM):
+            publisher.publish(sequence, payload, send=sequence not in (20, 21, 22))
+        wait_for(received(source, events_in(STREAM)), "every event, replayed ones too")
+        found = view(source)
+        assert found is not None
+        assert publisher.replays == [20]
+        assert found.gaps_total == 1
+        assert totals(found) == reference(STREAM)
+        assert not found.approximate
+        assert "missed" not in found.dropped_total
+    finally:
+        source.stop(2)
+
+
+def test_a_gap_without_replay_is_counted_and_marked_approximate(
+    publisher: StandInPublisher,
+) -> None:
+    source, _ = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    try:
+        publisher.wait_for_subscriber()
+        sent = [p for s, p in enumerate(STREAM) if s not in (20, 21, 22)]
+        for sequence, payload in enumerate(STREAM):
+            publisher.publish(sequence, payload, send=sequence not in (20, 21, 22))
+        wait_for(received(source, events_in(sent)), "the events sent")
+        found = view(source)
+        assert found is not None
+        assert found.gaps_total == 1
+        assert found.dropped_total["missed"] == 3
+        assert found.approximate
+        assert found.approximate_reason == "batches were lost (sequence gap)"
+    finally:
+        source.stop(2)
+
+
+def test_a_sidecar_joining_mid_stream_replays_from_the_start(
+    publisher: StandInPublisher,
+) -> None:
+    for sequence, payload in enumerate(STREAM[:12]):
+        publisher.publish(sequence, payload, send=False)  # sent before kvcap started
+    source, _ = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
+    try:
+        publisher.wait_for_subscriber()
+        for sequence, payload in enumerate(STREAM[12:], start=12):
+            publisher.publish(sequence, payload)
+        wait_for(received(source, events_in(STREAM)), "every event")
+        found = view(source)
+        assert found is not None
+        assert publisher.replays == [0]
+        assert totals(found) == reference(STREAM)
+        assert not found.approximate
+    finally:
+        source.stop(2)
+
+
+def test_joining_mid_stream_without_replay_is_approximate(publisher: StandInPublisher) -> None:
+    source, _ = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    try:
+        publisher.wait_for_subscriber()
+        for sequence, payload in enumerate(STREAM[12:], start=12):
+            publisher.publish(sequence, payload)
+        wait_for(received(source, events_in(STREAM[12:])), "the events sent")
+        found = view(source)
+        assert found is not None
+        assert found.approximate_reason == "joined the stream after its start"
+        assert found.dropped_total["missed"] == 12
+    finally:
+        source.stop(2)
+
+
+def test_a_new_publisher_starts_the_residency_from_zero(publisher: StandInPublisher) -> None:
+    source, _ = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    try:
+        publisher.wait_for_subscriber()
+        for sequence, payload in enumerate(STREAM[:12]):
+            publisher.publish(sequence, payload)
+        wait_for(received(source, events_in(STREAM[:12])), "the first run's events")
+        publisher.publish(0, STREAM[0])  # the engine restarted: its sequence starts again
+        wait_for(received(source, events_in(STREAM[:12]) + events_in(STREAM[:1])), "restart")
+        found = view(source)
+        assert found is not None
+        assert found.cleared_total == 1
+        assert totals(found)[0] == reference(STREAM[:1])[0] == 4
+        assert not found.approximate
+    finally:
+        source.stop(2)
+
+
+def test_malformed_messages_are_counted_and_the_stream_goes_on(
+    publisher: StandInPublisher,
+) -> None:
+    source, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    try:
+        publisher.wait_for_subscriber()
+        publisher.publish(0, STREAM[0])
+        publisher.pub.send_multipart([b"", b"\x00" * 8, b"\xc1 not msgpack"])
+        publisher.pub.send_multipart([b"one frame"])
+        publisher.publish(1, STREAM[1])
+        wait_for(received(source, events_in(STREAM[:2])), "the good events")
+        found = view(source)
+        assert found is not None
+        assert found.dropped_total["malformed_batch"] == 2
+        assert found.approximate
+        errors = store.snapshot().errors
+        assert errors[("kv_events", "malformed_batch")] == 2
+    finally:
+        source.stop(2)
+
+
+def test_endpoints_pool_size_and_restarts_come_from_the_engine_state(
+    publisher: StandInPublisher,
+) -> None:
+    store = StateStore()
+    endpoint = KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0")
+
+    def report(instance: str) -> EngineReport:
+        return EngineReport(
+            engine="0",
+            model_name="m",
+            instance_id=instance,
+            reported=EngineCapacity(num_gpu_blocks=40),
+            kv_events=endpoint,
+        )
+
+    store.publish("handshake", "ipc://h", [report("a")])
+    source = KvEventsCollector(KvEventsSettings(discovery_interval_s=0.05))
+    source.start(store)
+    try:
+        publisher.wait_for_subscriber()
+        for sequence, payload in enumerate(STREAM[:12]):
+            publisher.publish(sequence, payload)
+        wait_for(received(source, events_in(STREAM[:12])), "the events")
+        wait_for(lambda: view(source).pool_blocks == 40, "the pool size")  # type: ignore[union-attr]
+        store.publish("handshake", "ipc://h", [report("b")])
+        wait_for(lambda: view(source).cleared_total == 1, "the restart")  # type: ignore[union-attr]
+        found = view(source)
+        assert found is not None
+        assert totals(found)[0] == 0
+    finally:
+        source.stop(2)
