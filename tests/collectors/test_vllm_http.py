@@ -426,3 +426,28 @@ def test_the_cli_and_the_sidecar_plan_an_old_release_alike() -> None:
     # From 0.20.1 the logged figure is the group-aware capacity.
     assert cli["logged_kv_cache_size_tokens"] == cli["kv_cache_size_tokens"]
     assert view.log_note is cli["log_note"] is None
+
+
+def test_each_engine_gets_the_kv_event_publisher_vllm_reports_for_its_rank() -> None:
+    fixture = load(LLAMA)
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "replay_endpoint": None}
+    playback = Playback(
+        metrics=exposition_of(LLAMA, fixture),
+        documents={
+            "/v1/models": fixture["v1_models"],
+            "/version": fixture["version"],
+            # As vLLM serves it with DP 2: each rank's endpoint offset by its rank.
+            "/kv_event_sources": {
+                "0": {**config, "endpoint": "tcp://*:5557"},
+                "1": {**config, "endpoint": "tcp://*:5558"},
+            },
+        },
+    )
+    store = StateStore()
+    with serve(playback) as url:
+        poll(url, settings_for(url, fixture, LLAMA), store)
+    endpoints = {v.engine: v.kv_events for v in store.snapshot().engines}
+    assert {e: p.endpoint if p else None for e, p in endpoints.items()} == {
+        "0": "tcp://127.0.0.1:5557",
+        "1": "tcp://127.0.0.1:5558",
+    }
