@@ -110,7 +110,7 @@ class ResidencyBook:
             before = self._instances.get(engine)
             self._instances[engine] = hint.instance_id
             if before is not None and before != hint.instance_id:
-                log.info("engine restarted: residency cleared", engine=engine)
+                log.info("engine_restarted_residency_cleared", engine=engine)
                 residency.reset()
 
 
@@ -194,8 +194,12 @@ class Subscription:
     def _catch_up(self, residency: EngineResidency, sequence: int) -> None:
         """Before applying batch `sequence`: handle a restart or a gap."""
         step = classify(self.last_sequence, sequence)
-        if step is Step.RESTART:
-            log.info("publisher restarted: residency cleared", engine=residency.engine)
+        # A new publisher: on this endpoint (its sequence went back), or the first one of
+        # a new endpoint of an engine kvcap already followed (vLLM restarted elsewhere).
+        if step is Step.RESTART or (step in (Step.START, Step.JOINED) and residency.pools):
+            log.info(
+                "publisher_restarted", engine=residency.engine, endpoint=self.endpoint.endpoint
+            )
             residency.reset()
         start = missing_from(self.last_sequence, sequence)
         if start is None:
@@ -236,7 +240,9 @@ class Subscription:
                 max_batches=self.settings.max_replay_batches,
             )
         except (zmq.ZMQError, MalformedBatch) as error:
-            log.warning("replay failed", endpoint=self.endpoint.replay_endpoint, error=str(error))
+            log.warning(
+                "kv_events_replay_failed", endpoint=self.endpoint.replay_endpoint, error=str(error)
+            )
             return []
 
 
@@ -340,7 +346,7 @@ class KvEventsCollector:
             try:
                 handlers[socket](sink)
             except Exception as error:  # never let one bad message end the collector
-                log.exception("kv event handling failed", error=str(error))
+                log.exception("kv_events_handling_failed", error=str(error))
                 sink.reject(NAME, "kv_events", "internal_error", str(error))
 
     def _tick(self, sink: StateSink) -> None:
@@ -362,7 +368,7 @@ class KvEventsCollector:
             return
         if current is not None:
             current.close()
-        log.info("subscribing", endpoint=endpoint.endpoint, engine=endpoint.engine)
+        log.info("kv_events_subscribing", endpoint=endpoint.endpoint, engine=endpoint.engine)
         sink.register_target(NAME, endpoint.endpoint)
         self._subscriptions[endpoint.endpoint] = Subscription(
             self.context, endpoint, self.book, self.settings

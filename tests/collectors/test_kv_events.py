@@ -239,3 +239,34 @@ def test_endpoints_pool_size_and_restarts_come_from_the_engine_state(
         assert totals(found)[0] == 0
     finally:
         source.stop(2)
+
+
+def test_an_engine_publishing_on_a_new_endpoint_starts_from_zero(
+    publisher: StandInPublisher,
+) -> None:
+    moved = StandInPublisher(replay=False)
+    source = KvEventsCollector(
+        KvEventsSettings(
+            endpoints=(
+                KvEventsEndpoint(publisher.endpoint, None, "0"),
+                KvEventsEndpoint(moved.endpoint, None, "0"),
+            ),
+            discovery_interval_s=0.05,
+        )
+    )
+    source.start(StateStore())
+    try:
+        publisher.wait_for_subscriber()
+        moved.wait_for_subscriber()
+        for sequence, payload in enumerate(STREAM[:12]):
+            publisher.publish(sequence, payload)
+        wait_for(received(source, events_in(STREAM[:12])), "the first publisher's events")
+        moved.publish(0, STREAM[0])  # vLLM restarted with another port
+        wait_for(received(source, events_in(STREAM[:13])), "the new publisher's batch")
+        found = view(source)
+        assert found is not None
+        assert found.cleared_total == 1
+        assert totals(found)[0] == 4
+    finally:
+        source.stop(2)
+        moved.close()
