@@ -34,22 +34,32 @@ def test_used_tokens_recipe_and_sums_while_a_completion_runs(
         prom.wait_until(
             lambda: len(prom.query("up == 1")) == 2, "Prometheus scraping vLLM and kvcap", 30
         )
-        # Long prompts and generations on every engine keep KV blocks in use for seconds.
+        # Long prompts and generations on every engine keep KV blocks in use for seconds;
+        # new ones are sent until Prometheus has seen usage (a tiny model is quick).
         prompt = [(7 * i) % (VOCAB_SIZE - 3) + 3 for i in range(1024)]
-        requests = [
-            threading.Thread(target=deployment.server.complete, args=(prompt, 512), daemon=True)
+        done = threading.Event()
+
+        def keep_busy() -> None:
+            while not done.is_set():
+                deployment.server.complete(prompt, 1000)
+
+        load = [
+            threading.Thread(target=keep_busy, daemon=True)
             for _ in range(2 * deployment.data_parallel_size)
         ]
-        for request in requests:
-            request.start()
-        used = wait_for(
-            lambda: {e: v for e, v in _values(prom, USED_TOKENS).items() if v > 0},
-            90,
-            "the used-tokens recipe returning data while completions run",
-            deployment.server.tail,
-        )
-        for request in requests:
-            request.join(timeout=300)
+        for thread in load:
+            thread.start()
+        try:
+            used = wait_for(
+                lambda: {e: v for e, v in _values(prom, USED_TOKENS).items() if v > 0},
+                120,
+                "the used-tokens recipe returning data while completions run",
+                deployment.server.tail,
+            )
+        finally:
+            done.set()
+            for thread in load:
+                thread.join(timeout=300)
         assert set(used) <= {str(e) for e in range(deployment.data_parallel_size)}
 
         capacity = _values(prom, "kvcap_kv_cache_capacity_tokens")
