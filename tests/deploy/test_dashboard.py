@@ -4,11 +4,14 @@ scrapes the exporter watching the simulated vLLM deployment."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -34,19 +37,22 @@ TSC = ROOT / ".tools" / "node_modules" / ".bin" / "tsc"
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 
 DASHBOARD: dict[str, Any] = json.loads(DASHBOARD_PATH.read_text(encoding="utf-8"))
-VARIABLES = ["datasource", "namespace", "pod", "model", "engine"]
+VARIABLES = ["datasource", "cluster", "namespace", "model_name", "engine", "pod"]
 ROWS = [
-    "Capacity per engine",
+    "Capacity",
     "Totals per model (all data-parallel engines)",
-    "Usage per engine",
+    "Live use",
     "KV cache groups (hybrid models)",
     "GPU memory and headroom",
+    "Offload tier",
     "Exporter health",
 ]
 # The labels a PodMonitor gives the sidecar's series; the test Prometheus sets them as
 # static labels of its scrape target.
 NAMESPACE = "demo"
 POD = "vllm-0"
+CLUSTER = "test"
+EXTRA_VLLM_SERIES = ROOT / "tests" / "fixtures" / "vllm-0.32-extra-series.txt"
 
 
 @dataclass(frozen=True)
@@ -142,11 +148,13 @@ def test_every_panel_queries_prometheus_through_the_datasource_variable() -> Non
 
 
 @pytest.mark.parametrize("query", queries(), ids=lambda q: q.id)
-def test_every_query_follows_the_namespace_and_pod_variables(query: Query) -> None:
-    for selector in re.findall(r"kvcap_\w+\{([^}]*)\}", query.expr):
-        assert 'namespace=~"$namespace"' in selector, query.expr
+def test_every_query_follows_the_cluster_namespace_and_pod_variables(query: Query) -> None:
+    for selector in re.findall(r"(?:kvcap_|vllm:)\w+\{([^}]*)\}", query.expr):
+        assert 'cluster=~"$cluster", namespace=~"$namespace"' in selector, query.expr
         assert 'pod=~"$pod"' in selector, query.expr
-    assert not re.search(r"kvcap_\w+(?![\w{])", query.expr), f"unfiltered metric: {query.expr}"
+    assert not re.search(r"(?:kvcap_|vllm:)\w+(?![\w{])", query.expr), (
+        f"unfiltered metric: {query.expr}"
+    )
 
 
 def test_queries_use_only_documented_metrics() -> None:
@@ -342,19 +350,21 @@ def demo_gpus() -> list[GpuReport]:
 
 
 class DemoPrometheus(Prometheus):
-    """The integration helper's Prometheus, with the labels a PodMonitor would add."""
+    """The integration helper's Prometheus, with the labels a PodMonitor would add to the
+    sidecar's series and to vLLM's (the simulated vLLM's /metrics, job vllm, and vLLM
+    series it lacks: tests/fixtures/vllm-0.32-extra-series.txt), and a cluster label."""
 
-    def __init__(self, workdir: Path, target: str) -> None:
-        super().__init__(workdir, [target])
+    def __init__(self, workdir: Path, kvcap: str, vllm: list[str]) -> None:
+        super().__init__(workdir, [kvcap])
+        labels = {"namespace": NAMESPACE, "pod": POD, "cluster": CLUSTER}
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
             "scrape_configs": [
                 {
                     "job_name": "demo/kvcap-exporter",
-                    "static_configs": [
-                        {"targets": [target], "labels": {"namespace": NAMESPACE, "pod": POD}}
-                    ],
-                }
+                    "static_configs": [{"targets": [kvcap], "labels": labels}],
+                },
+                {"job_name": "vllm", "static_configs": [{"targets": vllm, "labels": labels}]},
             ],
         }
         self.config.write_text(yaml.safe_dump(config), encoding="utf-8")
@@ -377,10 +387,14 @@ class DemoPrometheus(Prometheus):
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoPrometheus]:
     workdir = tmp_path_factory.mktemp("dashboard")
-    with demo_running(workdir / "models", poll_interval_s=0.2) as (_, exporter):
+    with (
+        demo_running(workdir / "models", poll_interval_s=0.2) as (simulation, exporter),
+        serving(EXTRA_VLLM_SERIES) as extra,
+    ):
         # No GPUs here: publish what the NVML source would, as that source does.
         exporter.store.publish_gpus("nvml", "local", demo_gpus())
-        server = DemoPrometheus(workdir, exporter.server.url.removeprefix("http://"))
+        vllm = [urllib.parse.urlsplit(url).netloc for url in (simulation.url, extra)]
+        server = DemoPrometheus(workdir, exporter.server.url.removeprefix("http://"), vllm)
         with server:
             for promql, count in [
                 ("kvcap_kv_cache_capacity_tokens", 2),
@@ -388,6 +402,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoPrometh
                 ("kvcap_gpu_memory_used_bytes", 4),
                 ('kvcap_kv_cache_bytes{uuid!=""}', 4),
                 ("kvcap_kv_cache_headroom_tokens", 2),
+                ("vllm:kv_cache_usage_perc", 2),
+                ("vllm:num_preemptions_total", 2),
             ]:
                 server.wait_until(
                     lambda q=promql, n=count: len(server.query(q)) == n, f"{promql} x {count}"
@@ -403,6 +419,32 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoPrometh
             yield server
 
 
+@contextlib.contextmanager
+def serving(path: Path) -> Iterator[str]:
+    """`path` as a Prometheus exposition on a loopback HTTP server; yields its URL."""
+    body = path.read_bytes()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def grafana_regex_escape(value: str) -> str:
     """How Grafana's Prometheus data source escapes a selected value inside =~"...": a
     regex escape whose backslash is itself escaped for the PromQL string."""
@@ -411,12 +453,13 @@ def grafana_regex_escape(value: str) -> str:
 
 SELECTIONS = {
     # Every variable on "All" (allValue .*).
-    "all": {"namespace": ".*", "pod": ".*", "model": ".*", "engine": ".*"},
+    "all": {"cluster": ".*", "namespace": ".*", "pod": ".*", "model_name": ".*", "engine": ".*"},
     # One of each, as Grafana writes a single value of a multi-value variable.
     "one": {
+        "cluster": grafana_regex_escape(CLUSTER),
         "namespace": grafana_regex_escape(NAMESPACE),
         "pod": grafana_regex_escape(POD),
-        "model": grafana_regex_escape(DEMO_SERVED_NAME),
+        "model_name": grafana_regex_escape(DEMO_SERVED_NAME),
         "engine": "0",
     },
 }
@@ -455,9 +498,10 @@ def test_every_panel_query_returns_data(
 
 
 EXPECTED_VARIABLE_VALUES = {
+    "cluster": {CLUSTER},
     "namespace": {NAMESPACE},
     "pod": {POD},
-    "model": {DEMO_SERVED_NAME},
+    "model_name": {DEMO_SERVED_NAME},
     "engine": {"0", "1"},
 }
 
