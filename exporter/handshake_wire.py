@@ -6,6 +6,15 @@ ZMQ PUSH (plugin, connect) -> PULL (sidecar, bind). Multipart messages:
      <ReadyExtras>]
     [b"kvcap.bye.v1", <Bye>]
 
+The Heartbeat of a plugin of this version carries `bye_token`, a secret of the engine's
+process; its Bye repeats it, and the sidecar removes an engine on a bye only when the token
+matches the one of the engine's last ready message. So a bye carrying an `instance_id`
+read from /metrics removes nothing. The token is never exported. A plugin that sends no
+token (v1, or v2 from before it) has its byes accepted as before.
+
+Every field is bounded on the wire (strings, list lengths, numbers past anything vLLM
+produces, no NaN or negative counts): a value out of bounds makes the frame malformed.
+
 A plugin of this version sends the ready v2 message when the engine is ready and again
 every heartbeat interval, so the sidecar can tell a silent (dead) engine from a live one
 and a restarted sidecar learns every engine within one interval. The previous plugin sent
@@ -42,29 +51,37 @@ MAX_HEARTBEAT_INTERVAL_S = 3600.0
 HeartbeatInterval = Annotated[
     float, msgspec.Meta(ge=MIN_HEARTBEAT_INTERVAL_S, le=MAX_HEARTBEAT_INTERVAL_S)
 ]
+MAX_TEXT_CHARS = 256
+Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
+# 2**48: past any block, token, byte or layer count of a real engine, far from int64's end.
+_LARGEST = 2**48
+Count = Annotated[int, msgspec.Meta(ge=0, le=_LARGEST)]
+Positive = Annotated[int, msgspec.Meta(ge=1, le=_LARGEST)]
+Concurrency = Annotated[float, msgspec.Meta(ge=0, le=_LARGEST)]  # NaN fails both bounds
+ByeToken = Annotated[str, msgspec.Meta(min_length=16, max_length=128)]
 
 
 class ReadyResponse(msgspec.Struct, frozen=True):
     """The fields of vLLM's EngineCoreReadyResponse that kvcap reads."""
 
-    max_model_len: int
-    num_gpu_blocks: int
+    max_model_len: Positive
+    num_gpu_blocks: Count
     data_parallel_rank: Rank
-    block_size: int | None = None
-    dtype: str | None = None
-    vllm_version: str | None = None
+    block_size: Positive | None = None
+    dtype: Text | None = None
+    vllm_version: Text | None = None
     world_size: ParallelSize | None = None
     data_parallel_size: ParallelSize | None = None
     tensor_parallel_size: ParallelSize | None = None
     pipeline_parallel_size: ParallelSize | None = None
     decode_context_parallel_size: ParallelSize | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    instance_id: str | None = None
-    mamba_block_size: int | None = None
-    kv_cache_size_tokens: int | None = None
-    kv_cache_max_concurrency: float | None = None
-    effective_attention_block_size: int | None = None
+    max_num_seqs: Positive | None = None
+    max_num_batched_tokens: Positive | None = None
+    instance_id: Text | None = None
+    mamba_block_size: Positive | None = None
+    kv_cache_size_tokens: Count | None = None
+    kv_cache_max_concurrency: Concurrency | None = None
+    effective_attention_block_size: Positive | None = None
     # vLLM's resolved KVEventsConfig (a map) when it publishes KV events; read leniently
     # by the kv_events collector, so an odd value cannot fail the ready response.
     kv_events_config: Any = None
@@ -73,38 +90,40 @@ class ReadyResponse(msgspec.Struct, frozen=True):
 class GroupExtra(msgspec.Struct, frozen=True):
     """One KV cache group of the engine's scheduler config, as the plugin saw it."""
 
-    spec_type: str
-    num_layers: int
-    block_size: int
-    page_size_bytes: int
-    max_memory_usage_bytes_per_request: int | None = None
-    sliding_window: int | None = None
-    attention_chunk_size: int | None = None
+    spec_type: Text
+    num_layers: Count
+    block_size: Positive
+    page_size_bytes: Count
+    max_memory_usage_bytes_per_request: Count | None = None
+    sliding_window: Count | None = None
+    attention_chunk_size: Count | None = None
 
 
 class ReadyExtras(msgspec.Struct, frozen=True):
     """What the plugin adds to the ready response (every field optional)."""
 
-    groups: list[GroupExtra] = []
-    bytes_per_block_per_worker: list[int] = []
+    groups: Annotated[list[GroupExtra], msgspec.Meta(max_length=256)] = []
+    bytes_per_block_per_worker: Annotated[list[Count], msgspec.Meta(max_length=MAX_PARALLEL)] = []
     # The engine process's CUDA_VISIBLE_DEVICES entries (indices or UUIDs), in worker order.
-    devices: list[str] = []
-    pid: int | None = None
-    model_name: str | None = None
-    model_path: str | None = None
-    cache_dtype: str | None = None
-    settings: dict[str, Any] = {}
+    devices: Annotated[list[Text], msgspec.Meta(max_length=4096)] = []
+    pid: Count | None = None
+    model_name: Text | None = None
+    model_path: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
+    cache_dtype: Text | None = None
+    settings: Annotated[dict[Text, Any], msgspec.Meta(max_length=64)] = {}
 
 
 class Heartbeat(msgspec.Struct, frozen=True):
     """How often the plugin re-sends this ready message: the sidecar's liveness clock."""
 
     interval_s: HeartbeatInterval
+    bye_token: ByeToken | None = None  # the process's secret its byes repeat
 
 
 class Bye(msgspec.Struct, frozen=True):
-    engine_index: int
-    instance_id: str | None = None
+    engine_index: Rank
+    instance_id: Text | None = None
+    bye_token: ByeToken | None = None
 
 
 _ready_decoder = msgspec.msgpack.Decoder(ReadyResponse)
@@ -143,14 +162,19 @@ def ready_message(ready: bytes, extras: ReadyExtras | None = None) -> list[bytes
 
 
 def ready_v2_message(
-    ready: bytes, interval_s: float, extras: ReadyExtras | None = None
+    ready: bytes,
+    interval_s: float,
+    extras: ReadyExtras | None = None,
+    bye_token: str | None = None,
 ) -> list[bytes]:
     """The ready message this plugin sends at ready time and every `interval_s` after."""
-    frames = [READY_V2_TOPIC, ready, encode(Heartbeat(interval_s))]
+    frames = [READY_V2_TOPIC, ready, encode(Heartbeat(interval_s, bye_token))]
     if extras is not None:
         frames.append(encode(extras))
     return frames
 
 
-def bye_message(engine_index: int, instance_id: str | None) -> list[bytes]:
-    return [BYE_TOPIC, encode(Bye(engine_index, instance_id))]
+def bye_message(
+    engine_index: int, instance_id: str | None, bye_token: str | None = None
+) -> list[bytes]:
+    return [BYE_TOPIC, encode(Bye(engine_index, instance_id, bye_token))]

@@ -33,6 +33,7 @@ import importlib
 import logging
 import math
 import os
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -98,6 +99,9 @@ class ProcessState:
     heartbeat_lock: threading.Lock = field(default_factory=threading.Lock)
     heartbeat_thread: threading.Thread | None = None
     heartbeat_stop: threading.Event = field(default_factory=threading.Event)
+    # The secret this process's byes repeat (handshake_wire): one per process, so no other
+    # process can say bye for its engines. Never logged.
+    bye_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
 
     def send(self, frames: list[bytes]) -> None:
         import zmq  # noqa: PLC0415 - lazy: a process where the plugin is off never loads pyzmq
@@ -193,6 +197,7 @@ def _after_fork_in_child() -> None:
     # held in the child forever; the child's engine needs its own.
     state.lock = threading.Lock()
     state.heartbeat_lock = threading.Lock()
+    state.bye_token = secrets.token_urlsafe(24)  # the child's engines are its own
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -298,10 +303,14 @@ def _ready_hook(original: Any) -> Callable[..., Any]:
         with _guarded("forwarding the ready response"):
             # Encoded exactly as vLLM encodes it for its frontend (process_input_sockets).
             ready = msgspec.msgpack.encode(response)
-            frames = ready_v2_message(ready, state.heartbeat_interval_s, extras)
+            frames = ready_v2_message(
+                ready, state.heartbeat_interval_s, extras, bye_token=state.bye_token
+            )
             engine = self._kvcap_engine = response.data_parallel_rank
             with state.heartbeat_lock:
-                state.pending_byes[engine] = bye_message(engine, response.instance_id)
+                state.pending_byes[engine] = bye_message(
+                    engine, response.instance_id, state.bye_token
+                )
                 state.heartbeats[engine] = (os.getpid(), frames)
             state.send(frames)
             state.start_heartbeats()

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hmac
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -59,12 +61,17 @@ STALE_AFTER_HEARTBEATS = 3
 # a vLLM restart of a large model (which returns under the same engine index), yet short
 # enough that a dead engine's capacity leaves `sum by` within a few Prometheus windows.
 DEFAULT_FORGET_AFTER_S = 600.0
+DEFAULT_MAX_ENGINES = 1024
+# The most frames a message of the wire contract has (ready v2 with extras).
+MAX_FRAMES = 4
 
 
 @dataclass(frozen=True, slots=True)
 class HandshakeSettings:
     endpoint: str = DEFAULT_ENDPOINT
-    max_frame_bytes: int = 2**20
+    # A ready response is about 1 KiB, its extras a few KiB; ZMQ refuses a larger frame
+    # before buffering it (ZMQ_MAXMSGSIZE is checked frame by frame).
+    max_frame_bytes: int = 64 * 2**10
     receive_hwm: int = 1000
     # More messages than this per second are dropped (and counted): engines send one
     # ready response each per heartbeat interval, so a flood is a bug or an attack.
@@ -74,6 +81,8 @@ class HandshakeSettings:
     stale_after_s: float | None = None
     # Silence after which an engine is removed from the state (and so from /metrics).
     forget_after_s: float = DEFAULT_FORGET_AFTER_S
+    # Engines known at once; a ready message for one more is refused.
+    max_engines: int = DEFAULT_MAX_ENGINES
 
 
 @dataclass(slots=True)
@@ -166,11 +175,22 @@ class RateGuard:
         return True
 
 
+class _Refused(Exception):
+    """A well-formed message that is not applied: (reason, message) for the counters."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class HandshakeReceiver:
     """Decodes the messages of one endpoint into engine changes; every outcome is counted.
 
     It keeps no engines: the state owns them (and logs restarts, once). It keeps only when
-    it last heard from each heartbeating engine, and tells the state when one falls silent.
+    it last heard from each heartbeating engine, and tells the state when one falls silent,
+    and each engine's bye token. Only well-formed messages are charged to the rate limit
+    (a PULL socket cannot tell its peers apart), so a flood of junk is counted and dropped
+    without crowding out real ready messages; at most `max_engines` engines are known.
     """
 
     def __init__(
@@ -185,6 +205,8 @@ class HandshakeReceiver:
         self.settings = settings
         self.clock = clock
         self.heard: dict[str, HeardFrom] = {}
+        # engine -> the bye token of its last ready message (None: an older plugin's).
+        self.engines: dict[str, str | None] = {}
         self.guard = RateGuard(settings.max_messages_per_s)
 
     def handle(self, frames: list[bytes]) -> None:
@@ -194,8 +216,6 @@ class HandshakeReceiver:
 
     def _apply(self, frames: list[bytes]) -> tuple[str | None, str]:
         """None when the message was applied, else (reason, message) of the rejection."""
-        if not self.guard.allow():
-            return "rate_limited", "more messages than --handshake.max-rate"
         if any(len(frame) > self.settings.max_frame_bytes for frame in frames):
             return "frame_too_large", f"a frame over {self.settings.max_frame_bytes} bytes"
         topic = frames[0] if frames else b""
@@ -212,15 +232,28 @@ class HandshakeReceiver:
         try:
             apply(frames)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as error:
-            return "malformed_frame", str(error) or type(error).__name__
+            return "malformed_frame", str(error)[:200] or type(error).__name__
+        except _Refused as refused:
+            return refused.reason, str(refused)
         return None, ""
+
+    def _admit(self, engine: str) -> None:
+        """Charge the rate limit for a well-formed message; refuse one engine too many."""
+        if not self.guard.allow():
+            raise _Refused("rate_limited", "more messages than --handshake.max-rate")
+        if engine not in self.engines and len(self.engines) >= self.settings.max_engines:
+            raise _Refused(
+                "too_many_engines", f"more than {self.settings.max_engines} engines known"
+            )
 
     def _ready(self, frames: list[bytes]) -> None:
         """v1, the previous plugin: sent once, so the engine has no liveness but its bye."""
         ready = decode_ready(frames[1])
         extras = decode_extras(frames[2]) if len(frames) == 3 else None
         report = engine_report(ready, extras)
+        self._admit(report.engine)
         self.heard.pop(report.engine, None)
+        self.engines[report.engine] = None
         self.sink.update_engine(NAME, self.endpoint, report)
 
     def _ready_v2(self, frames: list[bytes]) -> None:
@@ -229,17 +262,28 @@ class HandshakeReceiver:
         heartbeat = decode_heartbeat(frames[2])
         extras = decode_extras(frames[3]) if len(frames) == 4 else None
         report = engine_report(ready, extras)
+        self._admit(report.engine)
         self.heard[report.engine] = HeardFrom(
             self.clock(), heartbeat.interval_s, report.instance_id
         )
+        self.engines[report.engine] = heartbeat.bye_token
         self.sink.update_engine(NAME, self.endpoint, report)
 
     def _bye(self, frames: list[bytes]) -> None:
         bye = decode_bye(frames[1])
         engine = str(bye.engine_index)
+        self._admit(engine)
+        token = self.engines.get(engine)
+        # An engine whose plugin sent a token leaves only on a bye that repeats it.
+        if token is not None and not hmac.compare_digest(
+            token.encode(), (bye.bye_token or "").encode()
+        ):
+            raise _Refused("bye_refused", f"a bye for engine {engine} without its token")
         heard = self.heard.get(engine)
         if heard is not None and heard.instance_id == bye.instance_id:
             del self.heard[engine]
+        if heard is None or heard.instance_id == bye.instance_id:
+            self.engines.pop(engine, None)
         self.sink.remove_engine(NAME, self.endpoint, engine, bye.instance_id)
 
     def sweep(self) -> None:
@@ -250,6 +294,7 @@ class HandshakeReceiver:
             silent_s = now - heard.at_s
             if silent_s > self.settings.forget_after_s:
                 del self.heard[engine]
+                self.engines.pop(engine, None)
                 self.sink.remove_engine(NAME, self.endpoint, engine, heard.instance_id)
                 continue
             stale_after_s = self.settings.stale_after_s or (
@@ -283,13 +328,21 @@ class HandshakeCollector:
         socket = self._context.socket(zmq.PULL)
         socket.setsockopt(zmq.RCVHWM, self.settings.receive_hwm)
         # ZMQ drops the connection of a peer that sends a larger message.
-        socket.setsockopt(zmq.MAXMSGSIZE, 3 * self.settings.max_frame_bytes + 1024)
+        # ZMQ drops the connection of a peer that sends a frame this large before buffering
+        # it (the check is per frame); a frame just over the cap still arrives, is refused
+        # and counted (frame_too_large).
+        socket.setsockopt(zmq.MAXMSGSIZE, 4 * self.settings.max_frame_bytes + 1024)
         socket.setsockopt(zmq.LINGER, 0)
+        # Only this user may connect: the socket file is created 0600 whatever the umask.
+        umask = os.umask(0o077)
         try:
             socket.bind(endpoint)
-        except zmq.ZMQError as error:
+            _restrict_ipc_file(endpoint)
+        except (zmq.ZMQError, OSError) as error:
             socket.close()
             raise ConfigError(f"--handshake.listen {endpoint}: {error}") from None
+        finally:
+            os.umask(umask)
         self._socket = socket
         self.receiver = HandshakeReceiver(endpoint, sink, self.settings, self.clock)
         sink.register_target(NAME, endpoint)
@@ -316,12 +369,17 @@ class HandshakeCollector:
         assert self.receiver is not None
         while True:
             try:
-                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+                frames, count = _receive_frames(self._socket, self.settings.max_frame_bytes)
             except zmq.Again:
                 return True
             except zmq.ZMQError:
                 return False
-            self.receiver.handle(frames)
+            if count > MAX_FRAMES:
+                self.receiver.sink.reject(
+                    NAME, self.receiver.endpoint, "wrong_frame_count", f"{count} frames"
+                )
+            else:
+                self.receiver.handle(frames)
 
     def stop(self, timeout_s: float) -> None:
         self._stop.set()
@@ -333,18 +391,60 @@ class HandshakeCollector:
         self._context.term()
 
 
+def _receive_frames(socket: zmq.Socket[bytes], max_frame_bytes: int) -> tuple[list[bytes], int]:
+    """One message, frame by frame: at most MAX_FRAMES frames of at most `max_frame_bytes`
+    are copied out of ZMQ; the rest are counted and dropped. Raises zmq.Again when none."""
+    frame = socket.recv(zmq.NOBLOCK, copy=False)
+    frames: list[bytes] = []
+    count = 0
+    while True:
+        count += 1
+        if count <= MAX_FRAMES:
+            # An oversized frame is kept as a stand-in of its size only: the receiver
+            # refuses the message for it without the bytes being copied.
+            size = len(frame.buffer)
+            frames.append(frame.bytes if size <= max_frame_bytes else b"\0" * (max_frame_bytes + 1))
+        if not frame.more:
+            return frames, count
+        frame = socket.recv(copy=False)  # the rest of a message arrives with its first frame
+
+
 def _prepare_ipc_directory(endpoint: str) -> None:
-    """An ipc:// path's directory is created private (0700) when it does not exist."""
+    """An ipc:// path's directory is created private (0700) when it does not exist; one that
+    exists must be this user's and writable by no one else, or whoever can write there
+    could replace the socket and read the ready messages, or push engines of their own."""
     if not endpoint.startswith("ipc://"):
         return
     path = Path(endpoint.removeprefix("ipc://"))
     try:
         if not path.parent.exists():
             path.parent.mkdir(mode=0o700, parents=True)
+        _check_private(path.parent)
         if path.is_socket():
             os.unlink(path)  # a stale socket file from a previous run
-    except OSError as error:  # read-only, not ours, or a file where a directory should be
+    except OSError as error:  # read-only, or a file where a directory should be
         raise ConfigError(f"--handshake.listen {endpoint}: {error}") from None
+
+
+def _check_private(folder: Path) -> None:
+    info = folder.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        raise ConfigError(f"--handshake.listen: {folder} is a symbolic link; use a real folder")
+    if info.st_uid != os.geteuid():
+        raise ConfigError(
+            f"--handshake.listen: {folder} belongs to uid {info.st_uid}, not to this user "
+            f"(uid {os.geteuid()}); remove it or use a folder of this user's"
+        )
+    if info.st_mode & 0o022:
+        raise ConfigError(
+            f"--handshake.listen: {folder} is writable by group or others "
+            f"(mode {stat.S_IMODE(info.st_mode):04o}); chmod go-w it or use another folder"
+        )
+
+
+def _restrict_ipc_file(endpoint: str) -> None:
+    if endpoint.startswith("ipc://"):
+        os.chmod(endpoint.removeprefix("ipc://"), 0o600)
 
 
 def _remove_ipc_file(endpoint: str) -> None:
@@ -369,8 +469,8 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
         "--handshake.max-frame-size",
         dest="handshake_max_frame_size",
         type=parse_size,
-        default=2**20,
-        help="largest accepted frame (1MiB)",
+        default=64 * 2**10,
+        help="largest accepted frame (64KiB); ZMQ drops a peer that sends a larger one",
     )
     group.add_argument(
         "--handshake.receive-hwm",
@@ -395,6 +495,13 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
         f"(default {STALE_AFTER_HEARTBEATS} of the heartbeat intervals its plugin announces)",
     )
     group.add_argument(
+        "--handshake.max-engines",
+        dest="handshake_max_engines",
+        type=int,
+        default=DEFAULT_MAX_ENGINES,
+        help=f"most engines known at once (default {DEFAULT_MAX_ENGINES})",
+    )
+    group.add_argument(
         "--handshake.forget-after",
         dest="handshake_forget_after",
         type=float,
@@ -406,6 +513,8 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
 
 def _build(args: argparse.Namespace) -> HandshakeCollector:
     stale_after, forget_after = args.handshake_stale_after, args.handshake_forget_after
+    if not 1 <= args.handshake_max_engines <= 65536:
+        raise ConfigError("--handshake.max-engines must be between 1 and 65536")
     if not forget_after > 0 or (stale_after is not None and not 0 < stale_after < forget_after):
         raise ConfigError(
             "--handshake.stale-after and --handshake.forget-after must be positive, "
@@ -419,6 +528,7 @@ def _build(args: argparse.Namespace) -> HandshakeCollector:
             max_messages_per_s=args.handshake_max_rate,
             stale_after_s=stale_after,
             forget_after_s=forget_after,
+            max_engines=args.handshake_max_engines,
         )
     )
 

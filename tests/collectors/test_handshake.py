@@ -141,7 +141,7 @@ def test_state_is_updated_within_50_ms_of_receipt(listener: Listener) -> None:
         ([READY_TOPIC, encode({"max_model_len": "long"})], "malformed_frame"),
         ([BYE_TOPIC, encode({"engine_index": -1.5})], "malformed_frame"),
         ([READY_TOPIC, b"\xdd\xff\xff\xff\xff"], "malformed_frame"),
-        ([READY_TOPIC, b"x" * (2**20 + 1)], "frame_too_large"),
+        ([READY_TOPIC, b"x" * (64 * 2**10 + 1)], "frame_too_large"),
     ],
 )
 def test_bad_frames_are_counted_and_change_nothing(
