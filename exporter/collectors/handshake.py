@@ -83,6 +83,8 @@ class HandshakeSettings:
     forget_after_s: float = DEFAULT_FORGET_AFTER_S
     # Engines known at once; a ready message for one more is refused.
     max_engines: int = DEFAULT_MAX_ENGINES
+    # Mode of the ipc:// socket file: only this user (and root) may connect by default.
+    socket_mode: int = 0o600
 
 
 @dataclass(slots=True)
@@ -337,7 +339,7 @@ class HandshakeCollector:
         umask = os.umask(0o077)
         try:
             socket.bind(endpoint)
-            _restrict_ipc_file(endpoint)
+            _set_ipc_file_mode(endpoint, self.settings.socket_mode)
         except (zmq.ZMQError, OSError) as error:
             socket.close()
             raise ConfigError(f"--handshake.listen {endpoint}: {error}") from None
@@ -412,7 +414,8 @@ def _receive_frames(socket: zmq.Socket[bytes], max_frame_bytes: int) -> tuple[li
 def _prepare_ipc_directory(endpoint: str) -> None:
     """An ipc:// path's directory is created private (0700) when it does not exist; one that
     exists must be this user's and writable by no one else, or whoever can write there
-    could replace the socket and read the ready messages, or push engines of their own."""
+    could replace the socket and read the ready messages, or push engines of their own.
+    A mount point (a volume) is accepted as it is."""
     if not endpoint.startswith("ipc://"):
         return
     path = Path(endpoint.removeprefix("ipc://"))
@@ -430,6 +433,10 @@ def _check_private(folder: Path) -> None:
     info = folder.lstat()
     if stat.S_ISLNK(info.st_mode):
         raise ConfigError(f"--handshake.listen: {folder} is a symbolic link; use a real folder")
+    if os.path.ismount(folder):
+        # A volume mounted there (a Kubernetes emptyDir: root's, mode 0777) was given to
+        # the pod's containers by whoever set the pod up; no other user can see it.
+        return
     if info.st_uid != os.geteuid():
         raise ConfigError(
             f"--handshake.listen: {folder} belongs to uid {info.st_uid}, not to this user "
@@ -442,9 +449,21 @@ def _check_private(folder: Path) -> None:
         )
 
 
-def _restrict_ipc_file(endpoint: str) -> None:
+def _set_ipc_file_mode(endpoint: str, mode: int) -> None:
     if endpoint.startswith("ipc://"):
-        os.chmod(endpoint.removeprefix("ipc://"), 0o600)
+        os.chmod(endpoint.removeprefix("ipc://"), mode)
+
+
+def _socket_mode(text: str) -> int:
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an octal mode such as 0600, got {text!r}") from None
+    if mode not in (0o600, 0o660):
+        raise argparse.ArgumentTypeError(
+            "0600 or 0660: read and write for the owner, maybe the group"
+        )
+    return mode
 
 
 def _remove_ipc_file(endpoint: str) -> None:
@@ -495,6 +514,14 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
         f"(default {STALE_AFTER_HEARTBEATS} of the heartbeat intervals its plugin announces)",
     )
     group.add_argument(
+        "--handshake.socket-mode",
+        dest="handshake_socket_mode",
+        type=_socket_mode,
+        default=0o600,
+        help="mode of an ipc:// socket file (default 0600: kvcap's user and root may push; "
+        "0660 also lets a vLLM of the same group in)",
+    )
+    group.add_argument(
         "--handshake.max-engines",
         dest="handshake_max_engines",
         type=int,
@@ -529,6 +556,7 @@ def _build(args: argparse.Namespace) -> HandshakeCollector:
             stale_after_s=stale_after,
             forget_after_s=forget_after,
             max_engines=args.handshake_max_engines,
+            socket_mode=args.handshake_socket_mode,
         )
     )
 

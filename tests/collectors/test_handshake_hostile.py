@@ -292,3 +292,9 @@ def test_extras_lists_are_bounded(listener: Listener) -> None:
     listener.send([READY_V2_TOPIC, ready_bytes(0), encode({"interval_s": 5.0}), extras])
     listener.until(lambda: listener.errors("malformed_frame") == 1)
     assert listener.engines() == []
+
+
+def test_the_socket_mode_can_let_a_group_in(tmp_path: Path) -> None:
+    path = tmp_path / "kvcap" / "handshake.sock"
+    with Listener(f"ipc://{path}", socket_mode=0o660):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o660
