@@ -1,0 +1,67 @@
+"""Live engines of every release x every tiny family: kvcap derives exactly what each one logged.
+
+One real vLLM CPU server (DP=1) per (release, family), with a `vllm_http` kvcap sidecar
+reading `--model.config` beside it (`tests.live.matrix.observe`, the same observation
+`make live-matrix` prints). The ground truth is the engine's own start-up line(s) and its
+`vllm:cache_config_info` labels. A family a release refuses on this CPU must keep being
+refused with the same error, so a release that learns it shows up here.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.live.matrix import Row, observe
+from tests.live.models import TINY_MODELS
+from tests.live.vllm_install import LIVE_RELEASES
+
+# (release, family) -> vLLM's error line on this CPU.
+REFUSED: dict[tuple[str, str], re.Pattern[str]] = {
+    ("0.27.0", "deepseek_mla"): re.compile(r"MLA", re.IGNORECASE),
+}
+STARTING = [(r, f) for r in LIVE_RELEASES for f in TINY_MODELS if (r, f) not in REFUSED]
+
+
+@pytest.fixture(scope="module", params=STARTING, ids=lambda case: f"{case[0]}-{case[1]}")
+def row(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Row:
+    release, model = request.param
+    return observe(release, model, tmp_path_factory.mktemp(f"family-{release}-{model}"))
+
+
+def test_engine_starts_and_logs_its_capacity(row: Row) -> None:
+    assert row.started, row.log_lines
+    assert row.logged_tokens is not None
+    assert row.logged_concurrency is not None
+
+
+def test_vllm_reports_what_it_logged(row: Row) -> None:
+    # The premise of the others: vLLM's log line and its labels are the same numbers.
+    assert row.info_tokens == row.logged_tokens, row
+    assert row.info_concurrency is not None
+    assert round(row.info_concurrency, 2) == row.logged_concurrency, row
+
+
+def test_kvcap_reports_vllms_figures(row: Row) -> None:
+    assert (row.reported_tokens, row.reported_concurrency) == (
+        row.info_tokens,
+        row.info_concurrency,
+    ), row
+
+
+def test_derived_capacity_equals_logged(row: Row) -> None:
+    assert row.note == "", row.note  # no derivation error
+    assert row.derived_tokens == row.logged_tokens, row
+    assert row.mismatch == 0, row
+    assert row.exact, row  # also the derived concurrency, where /engines gives it
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED), ids=lambda case: f"{case[0]}-{case[1]}")
+def test_release_refuses_family_on_cpu(
+    case: tuple[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    release, model = case
+    refused = observe(release, model, tmp_path_factory.mktemp(f"refused-{release}-{model}"))
+    assert not refused.started, refused
+    assert REFUSED[case].search(refused.log_lines[0]), refused.log_lines
