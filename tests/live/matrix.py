@@ -8,6 +8,10 @@ and derived figures, and whether kvcap's derivation is exact (derived == logged,
 at a time; each takes both cores for 30-90 s, so the whole matrix takes tens of minutes.
 
     python -m tests.live.matrix [--markdown] [--release 0.32.0] [--family gemma3] [--json F]
+    python -m tests.live.matrix --markdown --from-json F   # the table of rows written before
+
+`KVCAP_LIVE_ROWS=F pytest tests/live/test_live_families.py` writes the live test's rows
+(the same observation) to F too, so one live run gives both the verdicts and the table.
 """
 
 from __future__ import annotations
@@ -30,11 +34,14 @@ from tests.live.sidecar import Sidecar, wait_for
 from tests.live.vllm_install import LIVE_RELEASES, vllm_python
 
 POLL_INTERVAL_S = 0.5
-# A Python exception line, as vLLM's engine core logs the root cause of a refused start.
-_ERROR = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)$")
-_PREFIX = re.compile(r"^\([\w:]+ pid=\d+\)\s*")
-# vLLM's API server repeats this after the engine core's own error; the cause is above it.
-_WRAPPER = "Engine core initialization failed"
+# A Python exception line as the last line of a traceback, after the process prefix and the
+# log header: "(Worker pid=7) ERROR 12-01 12:33:58 [x.py:912] NotImplementedError: ...".
+_ERROR = re.compile(
+    r"^\([\w:]+ pid=\d+\)\s+(?:(?:ERROR|CRITICAL) \S+ \S+ \[[^\]]*\]\s+)?"
+    r"(?P<error>[A-Z]\w*(?:Error|Exception): .+)$"
+)
+# What vLLM's engine core and API server repeat after the cause, which is above them.
+_WRAPPERS = ("initialization failed",)
 
 
 @dataclass(frozen=True)
@@ -172,14 +179,30 @@ def _derived_concurrency(engine: dict[str, Any]) -> float | None:
 
 
 def error_line(log: str) -> str:
-    """The root cause of a refused start: the first exception line that is not the wrapper."""
-    errors = [_PREFIX.sub("", line).strip() for line in log.splitlines() if _ERROR.search(line)]
-    causes = [line for line in errors if _WRAPPER not in line]
+    """The root cause of a refused start: the first exception line that is not a wrapper."""
+    errors = [m["error"].strip() for m in map(_ERROR.match, log.splitlines()) if m]
+    causes = [e for e in errors if not any(wrapper in e for wrapper in _WRAPPERS)]
     found = causes or errors
     if found:
         return found[0]
     lines = [line for line in log.splitlines() if line.strip()]
     return lines[-1].strip() if lines else "(no log)"
+
+
+def dump_row(row: Row, path: Path) -> None:
+    """Append `row` to a JSON-lines file (full precision; `exact` for readers of the file)."""
+    with path.open("a") as out:
+        out.write(json.dumps({**asdict(row), "exact": row.exact}) + "\n")
+
+
+def load_rows(path: Path) -> list[Row]:
+    rows = []
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        record.pop("exact", None)
+        record["log_lines"] = tuple(record["log_lines"])
+        rows.append(Row(**record))
+    return rows
 
 
 def _cache_config_info(metrics: str) -> dict[str, str]:
@@ -257,7 +280,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--family", action="append", choices=tuple(TINY_MODELS), help="repeatable")
     parser.add_argument("--markdown", action="store_true", help="a markdown table, for notes")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON lines here")
+    parser.add_argument("--from-json", type=Path, help="print the table of rows written before")
     options = parser.parse_args(argv)
+    if options.from_json:
+        print_table(load_rows(options.from_json), options.markdown, elapsed_s=None)
+        return 0
     releases = options.release or list(LIVE_RELEASES)
     families = options.family or list(TINY_MODELS)
     started = time.monotonic()
@@ -271,13 +298,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(" ".join(cells(row)), file=sys.stderr, flush=True)
                 rows.append(row)
                 if options.json:
-                    with options.json.open("a") as out:
-                        out.write(json.dumps({**asdict(row), "exact": row.exact}) + "\n")
-    print(markdown(rows) if options.markdown else text_table(rows))
-    exact = sum(row.exact for row in rows)
-    elapsed = time.monotonic() - started
-    print(f"\n{exact}/{len(rows)} exact; {len(rows)} engines in {elapsed:.0f} s")
+                    dump_row(row, options.json)
+    print_table(rows, options.markdown, elapsed_s=time.monotonic() - started)
     return 0
+
+
+def print_table(rows: Sequence[Row], as_markdown: bool, elapsed_s: float | None) -> None:
+    print(markdown(rows) if as_markdown else text_table(rows))
+    exact = sum(row.exact for row in rows)
+    took = "" if elapsed_s is None else f" in {elapsed_s:.0f} s"
+    print(f"\n{exact}/{len(rows)} exact; {len(rows)} engines{took}")
 
 
 if __name__ == "__main__":
