@@ -15,9 +15,7 @@ import structlog
 from exporter import __version__
 from exporter.collectors import COLLECTORS, Collector, collector_priority
 from exporter.collectors.kv_events import residency_views
-from exporter.exposition import ExpositionCache
-from exporter.exposition.app import build_routes
-from exporter.exposition.prefix_cache import PrefixCacheCollector
+from exporter.exposition import ExpositionCache, PrefixCacheCollector, build_routes
 from exporter.logs import LEVELS, configure_logging
 from exporter.state import StateStore
 from exporter.web import WebServer

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from exporter.capacity import families
@@ -84,6 +84,8 @@ class CapacityResult:
     log_lines: tuple[str, ...]
     logged_kv_cache_size_tokens: int
     log_note: str | None
+    # The shared figures, made once (see `capacity`): the same object poll after poll.
+    _capacity: EngineCapacity | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def blocks_per_request(self) -> int:
@@ -92,6 +94,12 @@ class CapacityResult:
     @property
     def capacity(self) -> EngineCapacity:
         """The figures every producer of capacity shares (the state merges these)."""
+        if self._capacity is None:
+            object.__setattr__(self, "_capacity", self._shared_figures())
+        assert self._capacity is not None
+        return self._capacity
+
+    def _shared_figures(self) -> EngineCapacity:
         return EngineCapacity(
             kv_cache_size_tokens=self.kv_cache_size_tokens,
             kv_cache_max_concurrency=self.max_concurrency,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
-from typing import Any, cast
+from operator import attrgetter
 
 from exporter.capacity.specs import (
     ChunkedLocalAttentionSpec,
@@ -68,24 +68,23 @@ class EngineCapacity:
         return tuple(self.num_gpu_blocks * size for size in self.bytes_per_block_per_worker)
 
 
-_FIELDS = tuple(field.name for field in fields(EngineCapacity))
+_FIELDS = attrgetter(*(field.name for field in fields(EngineCapacity)))
 NO_CAPACITY = EngineCapacity()
 
 
 def merge_capacities(values: Iterable[EngineCapacity | None]) -> EngineCapacity:
     """The first known value of each field, in the order given (the best producer first)."""
     known = [value for value in values if value is not None]
+    if not known:
+        return NO_CAPACITY
     if len(known) == 1:
         return known[0]
-    merged: dict[str, object] = {}
-    for name in _FIELDS:
-        merged[name] = next(
-            (v for v in (getattr(value, name) for value in known) if v is not None and v != ()),
-            None,
-        )
-    merged["groups"] = merged["groups"] or ()
-    merged["bytes_per_block_per_worker"] = merged["bytes_per_block_per_worker"] or ()
-    return EngineCapacity(**cast(dict[str, Any], merged))
+    merged = list(_FIELDS(known[0]))
+    for value in known[1:]:
+        for index, found in enumerate(_FIELDS(value)):
+            if merged[index] is None or merged[index] == ():
+                merged[index] = found
+    return EngineCapacity(*merged)
 
 
 def capacity_tokens(num_gpu_blocks: int, blocks_per_request: int, max_model_len: int) -> int:

@@ -1,95 +1,261 @@
-"""Render /metrics bodies from snapshots, once per snapshot and format.
+"""Render /metrics bodies from snapshots, reusing the bytes of everything that did not change.
 
-The exposition is a pure function of the snapshot, so it is rendered when the snapshot
-changes and served as bytes until the next change. Only the process_* series (CPU,
-memory of this process), the prefix-cache residency (it changes with every KV event batch)
-and the counters of what the HTTP server refused are rendered per
-scrape, and appended.
+A poll replaces the snapshot, so almost every scrape sees a new one; rendering all of it
+again would make the first scrape after each poll the slow one. Instead the families are
+laid out kept part first (what changes only with an engine's capacity, identity or GPUs)
+and live part last (usage, timestamps, staleness, GPU memory, the exporter's health). Each
+engine's kept samples are bytes under a key of what they read; a new snapshot re-renders
+only engines whose key changed, and the kept part, its gzip chunk and its CRC-32 stay
+whole while no engine changed. The live part is rendered anew: a few hundred lines. Gzip
+bodies are those chunks joined (raw deflate blocks that end on a byte boundary, RFC 1951)
+in one gzip member. The process_* series, the prefix-cache residency (it changes with
+every KV event batch) and the HTTP server's refusal counters are rendered per scrape by
+prometheus_client and appended. Output is byte-identical to what
+prometheus_client renders for the same families (tests/exposition/test_render.py).
 """
 
 from __future__ import annotations
 
-import gzip
+import struct
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client import exposition as text_format
 from prometheus_client.core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics_format
 
-from exporter.exposition.families import engine_families, gpu_families, self_families
+from exporter.exposition import tables
+from exporter.exposition.tables import Column, EngineRow, Table, engine_rows
+from exporter.exposition.text import header, label_order, sample_name, sample_prefix, sample_value
 from exporter.state import Snapshot
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 _EOF = b"# EOF\n"
-# Fast compression: bodies are re-compressed only when the snapshot changes, but a
-# smaller level keeps that cheap for large deployments.
-_GZIP_LEVEL = 6
+# Kept sections are compressed once, so they afford a good level; live ones are redone on
+# every change of the state.
+_KEPT_LEVEL = 6
+_LIVE_LEVEL = 1
+_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # no name, mtime 0, OS unknown
+_LAST_BLOCK = b"\x03\x00"  # an empty final block with fixed codes
 
 
-class Collector(Protocol):
-    """prometheus_client's collector protocol: fresh families on each call."""
-
-    def collect(self) -> Iterable[Metric]: ...
-
-
-class _Families:
-    """A collector that yields prepared families (prometheus_client's Collector protocol)."""
-
-    def __init__(self, families: Iterable[Metric]) -> None:
-        self._families = list(families)
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self._families)
+def deflate_chunk(data: bytes, level: int) -> bytes:
+    """Raw deflate blocks of `data`, ending on a byte boundary: chunks concatenate."""
+    if not data:
+        return b""
+    compressor = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
+    return compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH)
 
 
-def _render(families: Iterable[Metric], openmetrics: bool) -> bytes:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(families))
-    if openmetrics:
-        # prometheus_client's OpenMetrics module has no type annotations.
-        body: bytes = openmetrics_format.generate_latest(registry)  # type: ignore[no-untyped-call]
-        return body
-    return text_format.generate_latest(registry)
+@dataclass(frozen=True, slots=True)
+class _Family:
+    """A column bound to its table: labels in output order and both formats' headers."""
+
+    column: Column[Any]
+    table: Table[Any]
+    labels: tuple[str, ...]
+    order: tuple[int, ...]
+    sample_name: str
+    headers: tuple[bytes, bytes]  # (0.0.4 text, OpenMetrics)
+
+    @classmethod
+    def of(cls, table: Table[Any], column: Column[Any]) -> _Family:
+        texts = tuple(
+            header(column.name, column.help, column.kind, openmetrics=om) for om in (False, True)
+        )
+        return cls(
+            column,
+            table,
+            (*table.labels, *column.extra_labels),
+            label_order((*table.labels, *column.extra_labels)),
+            sample_name(column.name, column.kind),
+            (texts[0], texts[1]),
+        )
+
+    def line(self, row: object) -> str:
+        value = self.column.value(row)
+        if value is None:
+            return ""
+        return self.prefix(row) + sample_value(value) + "\n"
+
+    def prefix(self, row: object) -> str:
+        values = (*self.table.ids(row), *self.column.extra(row))
+        return sample_prefix(self.sample_name, self.labels, values, self.order)
+
+    def lines(self, rows: Iterable[object]) -> bytes:
+        return "".join(self.line(row) for row in rows).encode()
+
+
+_FAMILIES = [_Family.of(placed.table, placed.column) for placed in tables.LAYOUT]
+# The kept part: families of one engine whose bytes are kept per engine, and the few
+# others (GPU identity, build) rendered anew and compared; then the live part.
+_KEPT = [i for i, placed in enumerate(tables.LAYOUT) if not placed.column.live]
+_LIVE = [i for i, placed in enumerate(tables.LAYOUT) if placed.column.live]
+_PER_ENGINE = [i for i in _KEPT if tables.LAYOUT[i].per_engine is not None]
+# Live families of the engine table (one row per engine): their label part is kept.
+_LIVE_PER_ENGINE = [i for i in _LIVE if tables.LAYOUT[i].table is tables.ENGINE]
+
+
+@dataclass(frozen=True, slots=True)
+class _EngineBytes:
+    """One engine's samples of each kept per-engine family, under the key they read."""
+
+    key: tuple[object, ...]
+    samples: tuple[bytes, ...]  # in the order of _PER_ENGINE
+    prefixes: tuple[str, ...]  # `name{labels} ` in the order of _LIVE_PER_ENGINE
+
+
+def _engine_bytes(row: EngineRow) -> _EngineBytes:
+    samples = []
+    for index in _PER_ENGINE:
+        rows = tables.LAYOUT[index].per_engine
+        assert rows is not None
+        samples.append(_FAMILIES[index].lines(rows(row)))
+    prefixes = tuple(_FAMILIES[index].prefix(row) for index in _LIVE_PER_ENGINE)
+    return _EngineBytes(row.static_key, tuple(samples), prefixes)
+
+
+def _live_engine_lines(
+    position: int, index: int, rows: Sequence[EngineRow], engines: Sequence[_EngineBytes]
+) -> bytes:
+    value_of = _FAMILIES[index].column.value
+    lines = []
+    for row, found in zip(rows, engines, strict=True):
+        value = value_of(row)
+        if value is not None:
+            lines.append(f"{found.prefixes[position]}{sample_value(value)}\n")
+    return "".join(lines).encode()
+
+
+class _Block:
+    """Consecutive families of one snapshot: plain text and gzip chunks, per format."""
+
+    def __init__(self, families: Sequence[_Family], samples: Sequence[bytes], level: int):
+        self._parts = list(zip(families, samples, strict=True))
+        self._level = level
+        self._plain: dict[bool, bytes] = {}
+        self._deflated: dict[bool, bytes] = {}
+        self._lock = threading.Lock()
+
+    def plain(self, openmetrics: bool) -> bytes:
+        found = self._plain.get(openmetrics)
+        if found is None:
+            fmt = 1 if openmetrics else 0
+            found = b"".join(p for f, samples in self._parts for p in (f.headers[fmt], samples))
+            self._plain[openmetrics] = found
+        return found
+
+    def deflated(self, openmetrics: bool) -> bytes:
+        """The gzip chunk: kept families' headers are compressed once for all."""
+        found = self._deflated.get(openmetrics)
+        if found is None:
+            with self._lock:
+                found = self._deflated.get(openmetrics) or deflate_chunk(
+                    self.plain(openmetrics), self._level
+                )
+                self._deflated[openmetrics] = found
+        return found
+
+    def crc(self, openmetrics: bool, value: int = 0) -> int:
+        return zlib.crc32(self.plain(openmetrics), value)
+
+
+@dataclass(slots=True)
+class _Kept:
+    """What survives from one snapshot to the next: each engine's bytes, the kept block."""
+
+    engines: dict[str, _EngineBytes] = field(default_factory=dict)
+    engine_list: list[_EngineBytes] = field(default_factory=list)
+    key: tuple[bytes, ...] = ()
+    block: _Block | None = None
+
+
+class Renderer:
+    """Turns snapshots into blocks of family bytes, keeping what did not change."""
+
+    def __init__(self) -> None:
+        self._kept = _Kept()
+
+    def render(self, snapshot: Snapshot) -> tuple[_Block, _Block]:
+        """The kept block (often the last one, unchanged) and the live block."""
+        rows = engine_rows(snapshot)
+        engines = self._engines(rows)
+        samples = self._kept_samples(snapshot, rows, engines)
+        if self._kept.block is None or samples != self._kept.key:
+            self._kept.key = samples
+            self._kept.block = _Block([_FAMILIES[i] for i in _KEPT], samples, _KEPT_LEVEL)
+        live = []
+        for index in _LIVE:
+            if index in _LIVE_PER_ENGINE:
+                position = _LIVE_PER_ENGINE.index(index)
+                live.append(_live_engine_lines(position, index, rows, engines))
+            else:
+                family, placed = _FAMILIES[index], tables.LAYOUT[index]
+                live.append(family.lines(placed.rows(snapshot, rows)))
+        return self._kept.block, _Block([_FAMILIES[i] for i in _LIVE], live, _LIVE_LEVEL)
+
+    def _kept_samples(
+        self, snapshot: Snapshot, rows: Sequence[EngineRow], engines: list[_EngineBytes]
+    ) -> tuple[bytes, ...]:
+        # The same engines' bytes as last time (a poll that changed only live values):
+        # their families' samples are the last ones.
+        unchanged = self._kept.block is not None and engines == self._kept.engine_list
+        self._kept.engine_list = engines
+        samples: list[bytes] = []
+        for index in _KEPT:
+            if index in _PER_ENGINE:
+                position = _PER_ENGINE.index(index)
+                if unchanged:
+                    samples.append(self._kept.key[len(samples)])
+                else:
+                    samples.append(b"".join(e.samples[position] for e in engines))
+            else:
+                family, placed = _FAMILIES[index], tables.LAYOUT[index]
+                samples.append(family.lines(placed.rows(snapshot, rows)))
+        return tuple(samples)
+
+    def _engines(self, rows: Sequence[EngineRow]) -> list[_EngineBytes]:
+        kept: dict[str, _EngineBytes] = {}
+        for row in rows:
+            found = self._kept.engines.get(row.view.engine)
+            key = row.static_key
+            kept[row.view.engine] = (
+                found if found is not None and found.key == key else _engine_bytes(row)
+            )
+        self._kept.engines = kept
+        return [kept[row.view.engine] for row in rows]
 
 
 class _Rendered:
-    """The bodies of one snapshot, each variant rendered the first time it is asked for."""
+    """One snapshot's blocks, and the CRC-32 of its plain text per format."""
 
-    def __init__(self, snapshot: Snapshot) -> None:
-        self.version = snapshot.version
-        self._families = [
-            *engine_families(snapshot.engines, snapshot.engine_gpus),
-            *gpu_families(snapshot),
-            *self_families(snapshot),
-        ]
-        self._bodies: dict[tuple[bool, bool], bytes] = {}
-        # Re-entrant: a gzip body is made from the plain body of the same snapshot.
-        self._lock = threading.RLock()
+    def __init__(self, version: int, kept: _Block, live: _Block) -> None:
+        self.version = version
+        self.kept = kept
+        self.live = live
+        self._crcs: dict[bool, int] = {}
 
-    def body(self, *, openmetrics: bool, gzipped: bool) -> bytes:
-        key = (openmetrics, gzipped)
-        body = self._bodies.get(key)
-        if body is None:
-            with self._lock:
-                body = self._bodies.get(key)
-                if body is None:
-                    body = self._make(openmetrics, gzipped)
-                    self._bodies[key] = body
-        return body
+    def plain(self, openmetrics: bool) -> bytes:
+        return self.kept.plain(openmetrics) + self.live.plain(openmetrics)
 
-    def _make(self, openmetrics: bool, gzipped: bool) -> bytes:
-        if gzipped:
-            plain = self.body(openmetrics=openmetrics, gzipped=False)
-            return gzip.compress(plain, compresslevel=_GZIP_LEVEL, mtime=0)
-        if openmetrics:
-            # Without "# EOF": the per-scrape part ends the body.
-            return _render(self._families, openmetrics=True).removesuffix(_EOF)
-        return _render(self._families, openmetrics=False)
+    def size(self, openmetrics: bool) -> int:
+        return len(self.kept.plain(openmetrics)) + len(self.live.plain(openmetrics))
+
+    def crc(self, openmetrics: bool, kept_crc: int) -> int:
+        """CRC-32 of the plain text, continuing the kept block's."""
+        found = self._crcs.get(openmetrics)
+        if found is None:
+            found = self.live.crc(openmetrics, kept_crc)
+            self._crcs[openmetrics] = found
+        return found
+
+    def deflated(self, openmetrics: bool) -> bytes:
+        return self.kept.deflated(openmetrics) + self.live.deflated(openmetrics)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +275,32 @@ def wants_gzip(accept_encoding: str | None) -> bool:
     return any(part.split(";")[0].strip() == "gzip" for part in accept_encoding.split(","))
 
 
+class Collector(Protocol):
+    """prometheus_client's collector protocol: fresh families on each call."""
+
+    def collect(self) -> Iterable[Metric]: ...
+
+
+class _PerScrape:
+    """Families rendered on every scrape (the HTTP server's refusals, process_*) with
+    prometheus_client itself."""
+
+    def __init__(self, collectors: Sequence[Collector]) -> None:
+        self._registry = CollectorRegistry(auto_describe=False)
+        for collector in collectors:
+            self._registry.register(collector)
+
+    def render(self, openmetrics: bool) -> bytes:
+        if openmetrics:
+            # prometheus_client's OpenMetrics module has no type annotations.
+            body: bytes = openmetrics_format.generate_latest(self._registry)  # type: ignore[no-untyped-call]
+            return body.removesuffix(_EOF)
+        return text_format.generate_latest(self._registry)
+
+
 class ExpositionCache:
-    """Serves the /metrics body for the current snapshot, rendering it at most once."""
+    """Serves the /metrics body of the current snapshot, rendering at most once per snapshot
+    and only what changed since the last one."""
 
     def __init__(
         self,
@@ -121,22 +311,47 @@ class ExpositionCache:
     ) -> None:
         self._snapshot = snapshot
         self._lock = threading.Lock()
+        self._renderer = Renderer()
         self._rendered: _Rendered | None = None
+        # CRC-32 of the kept block's plain text, per format, while that block lasts.
+        self._kept_crcs: tuple[_Block | None, dict[bool, int]] = (None, {})
         process = [ProcessCollector(registry=None)] if process_metrics else []
-        self._per_scrape_collectors: list[Collector] = [*per_scrape, *process]
+        collectors = [*per_scrape, *process]
+        self._per_scrape = _PerScrape(collectors) if collectors else None
 
     def body(self, *, accept: str | None = None, accept_encoding: str | None = None) -> Body:
         rendered = self._current()
         openmetrics = wants_openmetrics(accept)
-        tail = self._per_scrape(openmetrics)
-        gzipped = wants_gzip(accept_encoding)
-        head = rendered.body(openmetrics=openmetrics, gzipped=gzipped)
-        # A gzip stream may hold several members (RFC 1952, section 2.2); every gzip
-        # reader, Prometheus' included, concatenates them. So the cached member is reused
-        # and only the small per-scrape part is compressed now.
-        content = head + (gzip.compress(tail, compresslevel=1) if gzipped else tail)
+        tail = self._per_scrape.render(openmetrics) if self._per_scrape else b""
+        if openmetrics:
+            tail += _EOF
         content_type = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
-        return Body(content, content_type, gzipped)
+        if not wants_gzip(accept_encoding):
+            return Body(rendered.plain(openmetrics) + tail, content_type, False)
+        kept_crc = self._kept_crc(rendered.kept, openmetrics)
+        crc = zlib.crc32(tail, rendered.crc(openmetrics, kept_crc))
+        size = (rendered.size(openmetrics) + len(tail)) & 0xFFFFFFFF
+        content = b"".join(
+            (
+                _GZIP_HEADER,
+                rendered.deflated(openmetrics),
+                deflate_chunk(tail, _LIVE_LEVEL),
+                _LAST_BLOCK,
+                struct.pack("<II", crc, size),
+            )
+        )
+        return Body(content, content_type, True)
+
+    def _kept_crc(self, block: _Block, openmetrics: bool) -> int:
+        """The kept block's CRC-32, computed once per block and format."""
+        with self._lock:
+            owner, crcs = self._kept_crcs
+            if owner is not block:
+                crcs = {}
+                self._kept_crcs = (block, crcs)
+            if openmetrics not in crcs:
+                crcs[openmetrics] = block.crc(openmetrics)
+            return crcs[openmetrics]
 
     def _current(self) -> _Rendered:
         snapshot = self._snapshot()
@@ -146,12 +361,6 @@ class ExpositionCache:
         with self._lock:
             rendered = self._rendered
             if rendered is None or rendered.version != snapshot.version:
-                rendered = _Rendered(snapshot)
+                rendered = _Rendered(snapshot.version, *self._renderer.render(snapshot))
                 self._rendered = rendered
         return rendered
-
-    def _per_scrape(self, openmetrics: bool) -> bytes:
-        if not self._per_scrape_collectors:
-            return _EOF if openmetrics else b""
-        families = [f for collector in self._per_scrape_collectors for f in collector.collect()]
-        return _render(families, openmetrics)

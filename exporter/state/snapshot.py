@@ -121,18 +121,36 @@ def merge_engine(sightings: Sequence[Sighting]) -> EngineView:
     Each figure is the first known one: reported figures of every collector, then derived.
     """
     reports = [sighting.report for sighting in sightings]
-    reported = merge_capacities(r.reported for r in reports)
-    derived = merge_capacities(r.derived for r in reports)
+    reported = merge_capacities([r.reported for r in reports])
+    derived = merge_capacities([r.derived for r in reports])
     capacity = merge_capacities((reported, derived))
-    if reported.kv_cache_size_tokens is not None:
-        capacity_source: str | None = "reported"
-    else:
-        capacity_source = "derived" if derived.kv_cache_size_tokens is not None else None
-    mismatch = None
-    if reported.kv_cache_size_tokens is not None and derived.kv_cache_size_tokens is not None:
-        mismatch = reported.kv_cache_size_tokens != derived.kv_cache_size_tokens
+    tokens, derived_tokens = reported.kv_cache_size_tokens, derived.kv_cache_size_tokens
+    capacity_source = "reported" if tokens is not None else None
+    if capacity_source is None and derived_tokens is not None:
+        capacity_source = "derived"
+    first = reports[0]
+    if len(reports) == 1:
+        return EngineView(
+            engine=first.engine,
+            model_name=first.model_name,
+            instance_id=first.instance_id or None,
+            vllm_version=first.vllm_version or None,
+            collectors=(sightings[0].collector,),
+            stale=sightings[0].stale,
+            updated_at_s=sightings[0].received_at_s,
+            capacity=capacity,
+            capacity_source=capacity_source,
+            derived_kv_cache_size_tokens=derived_tokens,
+            derivation_error=first.derivation_error or None,
+            capacity_mismatch=_mismatch(tokens, derived_tokens),
+            usage=first.usage,
+            world_size=first.world_size or (len(capacity.bytes_per_block_per_worker) or None),
+            local_rank=first.local_rank,
+            devices=first.devices,
+            platform=first.platform or None,
+        )
     return EngineView(
-        engine=reports[0].engine,
+        engine=first.engine,
         model_name=next((r.model_name for r in reports if r.model_name), ""),
         instance_id=next((r.instance_id for r in reports if r.instance_id), None),
         vllm_version=next((r.vllm_version for r in reports if r.vllm_version), None),
@@ -141,9 +159,9 @@ def merge_engine(sightings: Sequence[Sighting]) -> EngineView:
         updated_at_s=max(s.received_at_s for s in sightings),
         capacity=capacity,
         capacity_source=capacity_source,
-        derived_kv_cache_size_tokens=derived.kv_cache_size_tokens,
+        derived_kv_cache_size_tokens=derived_tokens,
         derivation_error=next((r.derivation_error for r in reports if r.derivation_error), None),
-        capacity_mismatch=mismatch,
+        capacity_mismatch=_mismatch(tokens, derived_tokens),
         usage=next((r.usage for r in reports if r.usage is not None), None),
         world_size=next((r.world_size for r in reports if r.world_size), None)
         or (len(capacity.bytes_per_block_per_worker) or None),
@@ -154,3 +172,9 @@ def merge_engine(sightings: Sequence[Sighting]) -> EngineView:
         log_note=next((r.log_note for r in reports if r.log_note), None),
         kv_events=next((r.kv_events for r in reports if r.kv_events), None),
     )
+
+
+def _mismatch(reported_tokens: int | None, derived_tokens: int | None) -> bool | None:
+    if reported_tokens is None or derived_tokens is None:
+        return None
+    return reported_tokens != derived_tokens

@@ -115,6 +115,7 @@ class StateStore:
         self._departed: dict[str, str] = {}
         self._version = 0
         self._snapshot = EMPTY
+        self._merged: dict[str, tuple[tuple[Sighting, ...], EngineView]] = {}
 
     def snapshot(self) -> Snapshot:
         return self._snapshot
@@ -310,7 +311,15 @@ class StateStore:
                 sightings.setdefault(engine, []).append(
                     Sighting(key[0], heard.report, heard.received_at_s, entry.stale or heard.stale)
                 )
-        views = [merge_engine(found) for found in sightings.values()]
+        # An engine whose sightings are the ones of the last rebuild keeps its view: one
+        # handshake message re-merges one engine, not all of them.
+        merged: dict[str, tuple[tuple[Sighting, ...], EngineView]] = {}
+        for engine, found in sightings.items():
+            seen = tuple(found)
+            last = self._merged.get(engine)
+            merged[engine] = (seen, last[1] if last and last[0] == seen else merge_engine(seen))
+        self._merged = merged
+        views = [view for _, view in merged.values()]
         return tuple(sorted(views, key=lambda view: engine_sort_key(view.engine)))
 
     def _rebuild(self, collector: str, *, engines_changed: bool = True) -> None:

@@ -22,7 +22,7 @@ from exporter.collectors import handshake, vllm_http
 from exporter.collectors.handshake import HandshakeCollector, HandshakeSettings
 from exporter.collectors.http_fetch import fetch
 from exporter.errors import ConfigError
-from exporter.exposition.render import ExpositionCache
+from exporter.exposition import ExpositionCache
 from exporter.handshake_wire import (
     READY_V2_TOPIC,
     ReadyExtras,

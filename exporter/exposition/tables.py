@@ -1,0 +1,512 @@
+"""The metric contract as tables: one per entity, each column a family (name, help, labels, value).
+
+docs/metrics.md documents every family here; a test keeps the two in step. The renderer
+(render.py) walks these tables; so does the test that renders the same families through
+prometheus_client and compares the bytes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+from exporter import __version__
+from exporter.capacity import GroupCapacity
+from exporter.state import (
+    CollectorStatus,
+    EngineGpu,
+    EngineView,
+    GpuProcessMemory,
+    GpuReport,
+    Snapshot,
+)
+
+Row = TypeVar("Row")
+ENGINE_LABELS = ("engine", "model_name")
+CAPACITY_MODEL = "vllm-0.33"
+
+
+def label(value: object) -> str:
+    """A label value as kvcap writes it: '' for unknown, true/false, repr of floats."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _no_labels(row: object) -> tuple[str, ...]:
+    return ()
+
+
+def _one(row: object) -> float:
+    return 1
+
+
+@dataclass(frozen=True, slots=True)
+class Column(Generic[Row]):
+    """One family: a sample per row where `value` is not None."""
+
+    name: str
+    help: str
+    value: Callable[[Row], float | None] = _one
+    # Labels of this family after the table's own, and their values for a row.
+    extra_labels: tuple[str, ...] = ()
+    extra: Callable[[Row], tuple[str, ...]] = _no_labels
+    kind: Literal["gauge", "counter"] = "gauge"
+    # Changes with every read (usage, timestamps, staleness): rendered on every change of
+    # the state, never cached.
+    live: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Table(Generic[Row]):
+    """The families of one entity: the entity's labels, its rows, one column per family."""
+
+    labels: tuple[str, ...]
+    ids: Callable[[Row], tuple[str, ...]]
+    columns: tuple[Column[Row], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRow:
+    """One engine with what the snapshot knows about it beyond its view."""
+
+    view: EngineView
+    gpus: tuple[EngineGpu, ...]  # the GPU of each worker, where known
+    headroom_tokens: int | None
+
+    @property
+    def static_key(self) -> tuple[object, ...]:
+        """What every non-live engine family reads: equal keys render equal bytes."""
+        v = self.view
+        return (
+            v.engine,
+            v.model_name,
+            v.instance_id,
+            v.vllm_version,
+            v.collectors,
+            v.capacity_source,
+            v.derived_kv_cache_size_tokens,
+            v.derivation_error,
+            v.capacity_mismatch,
+            v.capacity,
+            self.gpus,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    engine: EngineRow
+    worker: int
+    kv_cache_bytes: int
+    gpu: EngineGpu | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow:
+    engine: EngineRow
+    index: int
+    group: GroupCapacity
+
+
+def _engine_ids(row: EngineRow) -> tuple[str, ...]:
+    return (row.view.engine, row.view.model_name)
+
+
+def _capacity_labels(row: EngineRow) -> tuple[str, ...]:
+    c, v = row.view.capacity, row.view
+    return (
+        label(c.kv_cache_size_tokens),
+        label(c.kv_cache_max_concurrency),
+        label(c.num_gpu_blocks),
+        label(c.block_size),
+        label(c.max_model_len),
+        label(c.cache_dtype),
+        label(v.capacity_source),
+        label(v.approximate),
+    )
+
+
+def _flag(value: bool | None) -> float | None:
+    return None if value is None else (1 if value else 0)
+
+
+ENGINE: Table[EngineRow] = Table(
+    ENGINE_LABELS,
+    _engine_ids,
+    (
+        Column(
+            "kvcap_engine_info",
+            "Identity of a vLLM engine (one data-parallel rank); always 1.",
+            extra_labels=("vllm_version", "instance_id", "collectors"),
+            extra=lambda r: (
+                label(r.view.vllm_version),
+                label(r.view.instance_id),
+                ",".join(r.view.collectors),
+            ),
+        ),
+        Column(
+            "kvcap_kv_cache_info",
+            "The engine's KV cache capacity as labels, like vllm:cache_config_info but per "
+            "engine and group-aware; always 1.",
+            value=lambda r: None if r.view.capacity.kv_cache_size_tokens is None else 1,
+            extra_labels=(
+                "kv_cache_size_tokens",
+                "kv_cache_max_concurrency",
+                "num_gpu_blocks",
+                "block_size",
+                "max_model_len",
+                "cache_dtype",
+                "capacity_source",
+                "approximate",
+            ),
+            extra=_capacity_labels,
+        ),
+        Column(
+            "kvcap_kv_cache_capacity_tokens",
+            "KV cache capacity of the engine in tokens: int(max_concurrency x "
+            "max_model_len), vLLM's 'GPU KV cache size'. Reported by vLLM where it "
+            "reports it, else derived.",
+            lambda r: r.view.capacity.kv_cache_size_tokens,
+        ),
+        Column(
+            "kvcap_kv_cache_max_concurrency",
+            "Requests of max_model_len tokens the engine's KV cache holds at once.",
+            lambda r: r.view.capacity.kv_cache_max_concurrency,
+        ),
+        Column(
+            "kvcap_kv_cache_blocks",
+            "Blocks in the engine's shared KV cache pool.",
+            lambda r: r.view.capacity.num_gpu_blocks,
+        ),
+        Column(
+            "kvcap_kv_cache_block_size_tokens",
+            "Tokens per block (smallest block size of the prefix-cacheable groups).",
+            lambda r: r.view.capacity.block_size,
+        ),
+        Column(
+            "kvcap_max_model_len_tokens",
+            "The engine's max_model_len.",
+            lambda r: r.view.capacity.max_model_len,
+        ),
+        Column(
+            "kvcap_kv_cache_used_tokens",
+            "Tokens in use now: vllm:kv_cache_usage_perc x capacity tokens.",
+            lambda r: r.view.used_tokens,
+            live=True,
+        ),
+        Column(
+            "kvcap_kv_cache_derived_capacity_tokens",
+            "Capacity in tokens as kvcap's capacity model derives it from config.json "
+            "and the engine settings.",
+            lambda r: r.view.derived_kv_cache_size_tokens,
+        ),
+        Column(
+            "kvcap_kv_cache_derivation_failed",
+            "1 when kvcap's capacity model could not derive the engine's capacity (the reason "
+            "is logged and in /engines as derivation_error), else 0.",
+            lambda r: r.view.derivation_failed,
+        ),
+        Column(
+            "kvcap_kv_cache_blocks_per_request",
+            "Blocks one request of max_model_len tokens needs, summed over KV cache groups.",
+            lambda r: r.view.capacity.blocks_per_request,
+        ),
+        Column(
+            "kvcap_kv_cache_capacity_mismatch",
+            "1 when the capacity vLLM reports differs from the derived one, 0 when they agree.",
+            lambda r: _flag(r.view.capacity_mismatch),
+        ),
+        Column(
+            "kvcap_engine_stale",
+            "1 when no collector has fresh data of this engine: reads failed or heartbeats "
+            "stopped (last good data shown).",
+            lambda r: 1 if r.view.stale else 0,
+            live=True,
+        ),
+        Column(
+            "kvcap_engine_last_update_timestamp_seconds",
+            "When a collector last read this engine successfully (Unix time).",
+            lambda r: r.view.updated_at_s,
+            live=True,
+        ),
+        Column(
+            "kvcap_kv_cache_headroom_tokens",
+            "Tokens the engine would gain if the free memory of its most constrained GPU "
+            "became KV cache.",
+            lambda r: r.headroom_tokens,
+            live=True,
+        ),
+    ),
+)
+
+WORKER: Table[WorkerRow] = Table(
+    (*ENGINE_LABELS, "worker", "gpu", "uuid"),
+    lambda r: (
+        r.engine.view.engine,
+        r.engine.view.model_name,
+        str(r.worker),
+        r.gpu.gpu if r.gpu else "",
+        r.gpu.uuid if r.gpu else "",
+    ),
+    (
+        Column(
+            "kvcap_kv_cache_bytes",
+            "Bytes of KV cache tensors on each worker (TP x PP rank) of the engine, with the "
+            "worker's GPU where known.",
+            lambda r: r.kv_cache_bytes,
+        ),
+    ),
+)
+
+ENGINE_GPU: Table[EngineGpu] = Table(
+    (*ENGINE_LABELS, "worker", "gpu", "uuid"),
+    lambda g: (g.engine, g.model_name, str(g.worker), g.gpu, g.uuid),
+    (Column("kvcap_engine_gpu_info", "The GPU each worker of an engine runs on; always 1."),),
+)
+
+GROUP: Table[GroupRow] = Table(
+    (*ENGINE_LABELS, "group"),
+    lambda r: (r.engine.view.engine, r.engine.view.model_name, str(r.index)),
+    (
+        Column(
+            "kvcap_kv_cache_group_info",
+            "A KV cache group of the engine (layers that allocate blocks together); always 1.",
+            extra_labels=(
+                "kind",
+                "spec_type",
+                "block_size",
+                "sliding_window",
+                "attention_chunk_size",
+            ),
+            extra=lambda r: (
+                r.group.kind,
+                r.group.spec_type,
+                str(r.group.block_size),
+                label(r.group.sliding_window),
+                label(r.group.attention_chunk_size),
+            ),
+        ),
+        Column(
+            "kvcap_kv_cache_group_layers",
+            "Layers in the group on the first pipeline stage.",
+            lambda r: r.group.num_layers,
+        ),
+        Column(
+            "kvcap_kv_cache_group_blocks_per_request",
+            "Blocks one max_model_len request needs in this group.",
+            lambda r: r.group.blocks_per_request,
+        ),
+        Column(
+            "kvcap_kv_cache_group_page_bytes",
+            "Bytes of one block of this group per layer.",
+            lambda r: r.group.page_size_bytes,
+        ),
+    ),
+)
+
+GPU: Table[GpuReport] = Table(
+    ("gpu", "uuid"),
+    lambda g: (g.index, g.uuid),
+    (
+        Column(
+            "kvcap_gpu_info",
+            "A GPU (or MIG instance) NVML reports; always 1.",
+            extra_labels=("name", "pci_bus_id", "driver_version", "mig_mode"),
+            extra=lambda g: (g.name, g.pci_bus_id, g.driver_version, label(g.mig_mode)),
+        ),
+        Column(
+            "kvcap_gpu_memory_total_bytes",
+            "Memory of the GPU.",
+            lambda g: g.memory_total_bytes,
+            live=True,
+        ),
+        Column(
+            "kvcap_gpu_memory_used_bytes",
+            "Memory in use on the GPU.",
+            lambda g: g.memory_used_bytes,
+            live=True,
+        ),
+        Column(
+            "kvcap_gpu_memory_free_bytes",
+            "Free memory on the GPU.",
+            lambda g: g.memory_free_bytes,
+            live=True,
+        ),
+        Column(
+            "kvcap_gpu_memory_reserved_bytes",
+            "Memory the driver reserves on the GPU (NVML v2 memory struct).",
+            lambda g: g.memory_reserved_bytes,
+            live=True,
+        ),
+    ),
+)
+
+GPU_PROCESS: Table[tuple[GpuReport, GpuProcessMemory]] = Table(
+    ("gpu", "uuid", "pid"),
+    lambda r: (r[0].index, r[0].uuid, str(r[1].pid)),
+    (
+        Column(
+            "kvcap_gpu_process_memory_bytes",
+            "GPU memory used by a process the sidecar can see.",
+            lambda r: r[1].used_bytes,
+            live=True,
+        ),
+    ),
+)
+
+BUILD: Table[None] = Table(
+    ("version", "python_version", "capacity_model"),
+    lambda _: (__version__, sys.version.split()[0], CAPACITY_MODEL),
+    (
+        Column(
+            "kvcap_build_info", "kvcap's version and the vLLM capacity model it follows; always 1."
+        ),
+    ),
+)
+
+COLLECTOR_TARGET: Table[CollectorStatus] = Table(
+    ("collector", "target"),
+    lambda s: (s.collector, s.target),
+    (
+        Column(
+            "kvcap_collector_up",
+            "1 when the collector's last read of the target succeeded.",
+            lambda s: 1 if s.up else 0,
+            live=True,
+        ),
+        Column(
+            "kvcap_collector_last_success_timestamp_seconds",
+            "When the collector last read the target successfully (Unix time).",
+            lambda s: s.last_success_s,
+            live=True,
+        ),
+        Column(
+            "kvcap_collector_read_duration_seconds",
+            "How long the collector's last read of the target took.",
+            lambda s: s.last_duration_s,
+            live=True,
+        ),
+    ),
+)
+
+COLLECTOR: Table[tuple[str, bool]] = Table(
+    ("collector",),
+    lambda c: (c[0],),
+    (
+        Column(
+            "kvcap_scrape_collector_success",
+            "1 when every target of the collector succeeded on its last read.",
+            lambda c: 1 if c[1] else 0,
+            live=True,
+        ),
+    ),
+)
+
+ERRORS: Table[tuple[tuple[str, str], int]] = Table(
+    ("collector", "reason"),
+    lambda e: e[0],
+    (
+        Column(
+            "kvcap_collector_errors",
+            "Failed reads and rejected inputs, by collector and reason.",
+            lambda e: e[1],
+            kind="counter",
+            live=True,
+        ),
+    ),
+)
+
+
+def worker_rows(row: EngineRow) -> Iterable[WorkerRow]:
+    gpu_of = {gpu.worker: gpu for gpu in row.gpus}
+    for worker, size in enumerate(row.view.capacity.kv_cache_bytes_per_worker):
+        yield WorkerRow(row, worker, size, gpu_of.get(worker))
+
+
+def group_rows(row: EngineRow) -> Iterable[GroupRow]:
+    for index, group in enumerate(row.view.capacity.groups):
+        yield GroupRow(row, index, group)
+
+
+def collector_rows(statuses: Sequence[CollectorStatus]) -> list[tuple[str, bool]]:
+    """Each collector, and whether every one of its targets is up."""
+    ups: dict[str, bool] = {}
+    for status in statuses:
+        ups[status.collector] = ups.get(status.collector, True) and status.up
+    return list(ups.items())
+
+
+def gpu_process_rows(snapshot: Snapshot) -> list[tuple[GpuReport, GpuProcessMemory]]:
+    return [(gpu, process) for gpu in snapshot.gpus for process in gpu.processes]
+
+
+def engine_rows(snapshot: Snapshot) -> list[EngineRow]:
+    """The snapshot's engines in order, each with its workers' GPUs and its headroom."""
+    gpus: dict[str, list[EngineGpu]] = {}
+    for gpu in snapshot.engine_gpus:
+        gpus.setdefault(gpu.engine, []).append(gpu)
+    return [
+        EngineRow(view, tuple(gpus.get(view.engine, ())), snapshot.headroom_tokens.get(view.engine))
+        for view in snapshot.engines
+    ]
+
+
+# The exposition's layout: tables in output order, each with its rows. First the tables
+# of one engine (rows of one engine; the renderer keeps their bytes per engine) ...
+ENGINE_TABLES: tuple[tuple[Table[Any], Callable[[EngineRow], Iterable[Any]]], ...] = (
+    (ENGINE, lambda row: (row,)),
+    (WORKER, worker_rows),
+    (ENGINE_GPU, lambda row: row.gpus),
+    (GROUP, group_rows),
+)
+# ... then the tables of the whole snapshot.
+SNAPSHOT_TABLES: tuple[tuple[Table[Any], Callable[[Snapshot], Iterable[Any]]], ...] = (
+    (GPU, lambda snapshot: snapshot.gpus),
+    (GPU_PROCESS, gpu_process_rows),
+    (BUILD, lambda snapshot: (None,)),
+    (COLLECTOR_TARGET, lambda snapshot: snapshot.collectors),
+    (COLLECTOR, lambda snapshot: collector_rows(snapshot.collectors)),
+    (ERRORS, lambda snapshot: sorted(snapshot.errors.items())),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """One family as the exposition shows it: its table, its column and where its rows
+    come from (one engine's, or the whole snapshot's)."""
+
+    table: Table[Any]
+    column: Column[Any]
+    per_engine: Callable[[EngineRow], Iterable[Any]] | None = None
+    per_snapshot: Callable[[Snapshot], Iterable[Any]] | None = None
+
+    def rows(self, snapshot: Snapshot, engines: Sequence[EngineRow]) -> Iterable[Any]:
+        if self.per_engine is not None:
+            return [row for engine in engines for row in self.per_engine(engine)]
+        assert self.per_snapshot is not None
+        return self.per_snapshot(snapshot)
+
+
+def _layout() -> tuple[Placed, ...]:
+    placed = [
+        Placed(table, column, per_engine=rows)
+        for table, rows in ENGINE_TABLES
+        for column in table.columns
+    ] + [
+        Placed(table, column, per_snapshot=rows)
+        for table, rows in SNAPSHOT_TABLES
+        for column in table.columns
+    ]
+    return tuple(sorted(placed, key=lambda p: p.column.live))
+
+
+# Every family in output order: first those that change only with an engine's capacity,
+# identity or GPUs, then the live ones, so a poll leaves the first part's bytes (and
+# their gzip) whole.
+LAYOUT = _layout()

@@ -1,0 +1,52 @@
+"""The Prometheus text formats, byte for byte as prometheus_client writes them.
+
+Sample lines are the same in the 0.0.4 text format and in OpenMetrics 1.0 (labels sorted
+by name, values as Go formats floats); only the HELP/TYPE headers of a family differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client.utils import floatToGoString
+
+
+def escape_label_value(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def label_order(labels: Sequence[str]) -> tuple[int, ...]:
+    """Positions of `labels` in name order: prometheus_client writes labels sorted."""
+    return tuple(sorted(range(len(labels)), key=lambda i: labels[i]))
+
+
+def sample_prefix(
+    name: str, labels: Sequence[str], values: Sequence[str], order: Sequence[int]
+) -> str:
+    """`name{a="1",b="2"} `: the part of a sample line before its value."""
+    if not labels:
+        return f"{name} "
+    pairs = ",".join(f'{labels[i]}="{escape_label_value(values[i])}"' for i in order)
+    return f"{name}{{{pairs}}} "
+
+
+def sample_value(value: float) -> str:
+    """prometheus_client's own formatting of a value (Go's float format)."""
+    # prometheus_client.utils has no type annotations.
+    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return text
+
+
+def header(name: str, help_text: str, kind: str, *, openmetrics: bool) -> bytes:
+    """The # HELP and # TYPE lines of a family (counters: `_total` only in 0.0.4 text)."""
+    if openmetrics:
+        escaped = help_text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+        return f"# HELP {name} {escaped}\n# TYPE {name} {kind}\n".encode()
+    shown = f"{name}_total" if kind == "counter" else name
+    escaped = help_text.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {shown} {escaped}\n# TYPE {shown} {kind}\n".encode()
+
+
+def sample_name(name: str, kind: str) -> str:
+    """The name samples of a family carry."""
+    return f"{name}_total" if kind == "counter" else name

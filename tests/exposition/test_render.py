@@ -1,0 +1,218 @@
+"""The incremental renderer against prometheus_client: the same bytes for any snapshot.
+
+The reference builds the families of the metric tables as prometheus_client
+GaugeMetricFamily / CounterMetricFamily objects and renders them with its own
+`generate_latest` (0.0.4 text and OpenMetrics). The renderer under test keeps bytes from
+one snapshot to the next, so the property walks sequences of state changes through one
+ExpositionCache and compares every step, plain and gzip.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+from prometheus_client import exposition as text_format
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.openmetrics import exposition as openmetrics_format
+from structlog.testing import capture_logs
+
+from exporter.capacity import EngineCapacity, GroupCapacity
+from exporter.exposition import LAYOUT, Column, ExpositionCache, engine_rows
+from exporter.state import (
+    EngineReport,
+    GpuProcessMemory,
+    GpuReport,
+    KvUsage,
+    Snapshot,
+    StateStore,
+)
+from tests.exposition.test_families import rich_store
+from tests.state.helpers import reports as gemma_reports
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+def _family(
+    column: Column[Any], labels: tuple[str, ...]
+) -> GaugeMetricFamily | CounterMetricFamily:
+    names = [*labels, *column.extra_labels]
+    if column.kind == "counter":
+        return CounterMetricFamily(column.name, column.help, labels=names)
+    return GaugeMetricFamily(column.name, column.help, labels=names)
+
+
+def reference_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """Every family of the tables, built the plain prometheus_client way."""
+    engines = engine_rows(snapshot)
+    for placed in LAYOUT:
+        table, column = placed.table, placed.column
+        family = _family(column, table.labels)
+        for row in placed.rows(snapshot, engines):
+            value = column.value(row)
+            if value is not None:
+                family.add_metric([*table.ids(row), *column.extra(row)], value)
+        yield family
+
+
+class _Families:
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        return reference_families(self.snapshot)
+
+
+def reference(snapshot: Snapshot, *, openmetrics: bool) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(snapshot))
+    if openmetrics:
+        body: bytes = openmetrics_format.generate_latest(registry)  # type: ignore[no-untyped-call]
+        return body
+    return text_format.generate_latest(registry)
+
+
+def assert_same_as_prometheus_client(cache: ExpositionCache, snapshot: Snapshot) -> None:
+    for openmetrics in (False, True):
+        expected = reference(snapshot, openmetrics=openmetrics)
+        accept = OPENMETRICS if openmetrics else None
+        plain = cache.body(accept=accept)
+        assert plain.content == expected
+        zipped = cache.body(accept=accept, accept_encoding="gzip")
+        assert zipped.gzipped
+        assert gzip.decompress(zipped.content) == expected
+
+
+# --- random states --------------------------------------------------------------------
+
+SURROGATES: tuple[Literal["Cs"]] = ("Cs",)
+label_text = st.text(st.characters(codec="utf-8", exclude_categories=SURROGATES), max_size=6) | (
+    st.sampled_from(['a"b', "c\\d", "e\nf", "", "gemma", "ü"])
+)
+maybe_int = st.none() | st.integers(min_value=0, max_value=2**62)
+number = st.integers(min_value=0, max_value=2**40) | st.floats(allow_nan=True)
+groups = st.builds(
+    GroupCapacity,
+    kind=st.sampled_from(["full_attention", "sliding_window", "mamba"]),
+    spec_type=label_text,
+    num_layers=st.integers(0, 100),
+    layer_names=st.just(()),
+    block_size=st.integers(1, 4096),
+    page_size_bytes=st.integers(0, 2**30),
+    blocks_per_request=st.integers(0, 10**6),
+    max_memory_usage_bytes_per_request=st.integers(0, 2**40),
+    sliding_window=st.none() | st.integers(1, 10**6),
+    attention_chunk_size=st.none() | st.integers(1, 10**6),
+)
+capacities = st.none() | st.builds(
+    EngineCapacity,
+    kv_cache_size_tokens=maybe_int,
+    kv_cache_max_concurrency=st.none() | st.floats(allow_nan=False),
+    num_gpu_blocks=maybe_int,
+    block_size=st.none() | st.integers(1, 4096),
+    max_model_len=maybe_int,
+    cache_dtype=st.none() | label_text,
+    groups=st.lists(groups, max_size=3).map(tuple),
+    bytes_per_block_per_worker=st.lists(st.integers(0, 2**30), max_size=3).map(tuple),
+    approximate=st.none() | st.booleans(),
+)
+reports = st.builds(
+    EngineReport,
+    engine=st.sampled_from(["0", "1", "2", "10", "x"]),
+    model_name=label_text,
+    instance_id=st.none() | label_text,
+    vllm_version=st.none() | label_text,
+    reported=capacities,
+    derived=capacities,
+    derivation_error=st.none() | label_text,
+    usage=st.none() | st.builds(KvUsage, st.none() | st.floats(0, 1), st.none() | number),
+    world_size=st.none() | st.integers(1, 4),
+    local_rank=st.none() | st.integers(0, 3),
+)
+gpus = st.builds(
+    GpuReport,
+    index=st.sampled_from(["0", "1", "2", "3", "0/1"]),
+    uuid=label_text,
+    name=label_text,
+    pci_bus_id=label_text,
+    driver_version=label_text,
+    memory_total_bytes=st.integers(0, 2**40),
+    memory_used_bytes=st.integers(0, 2**40),
+    memory_free_bytes=st.integers(0, 2**40),
+    memory_reserved_bytes=st.none() | st.integers(0, 2**30),
+    mig_mode=st.booleans(),
+    processes=st.lists(
+        st.builds(GpuProcessMemory, st.integers(1, 2**22), st.integers(0, 2**40)), max_size=2
+    ).map(tuple),
+)
+collector = st.sampled_from(["handshake", "vllm_http", "nvml"])
+target = st.sampled_from(["ipc://x", "http://a", "local"])
+changes = st.one_of(
+    st.tuples(st.just("publish"), collector, target, st.lists(reports, max_size=4)),
+    st.tuples(st.just("update"), collector, target, reports),
+    st.tuples(st.just("remove"), collector, target, reports),
+    st.tuples(st.just("fail"), collector, target, label_text),
+    st.tuples(st.just("reject"), collector, target, label_text),
+    st.tuples(st.just("gpus"), collector, target, st.lists(gpus, max_size=3)),
+)
+
+
+def apply(store: StateStore, change: tuple[Any, ...]) -> None:
+    kind, name, where, what = change
+    if kind == "publish":
+        store.publish(name, where, what, duration_s=0.25)
+    elif kind == "update":
+        store.update_engine(name, where, what)
+    elif kind == "remove":
+        store.remove_engine(name, where, what.engine, what.instance_id)
+    elif kind == "fail":
+        store.fail(name, where, "timeout", what, stale=bool(len(what) % 2))
+    elif kind == "reject":
+        store.reject(name, where, "malformed_frame", what)
+    else:
+        store.publish_gpus(name, where, what)
+
+
+@given(st.lists(changes, min_size=1, max_size=8))
+def test_every_state_renders_as_prometheus_client_renders_it(
+    steps: list[tuple[Any, ...]],
+) -> None:
+    clock = iter(range(1_000_000, 2_000_000))
+    store = StateStore(lambda: float(next(clock)), priority={"handshake": 0, "vllm_http": 1})
+    cache = ExpositionCache(store.snapshot, process_metrics=False)
+    with capture_logs():
+        for change in steps:
+            apply(store, change)
+            assert_same_as_prometheus_client(cache, store.snapshot())
+
+
+def test_a_real_deployment_renders_as_prometheus_client_renders_it() -> None:
+    store = rich_store()
+    cache = ExpositionCache(store.snapshot, process_metrics=False)
+    assert_same_as_prometheus_client(cache, store.snapshot())
+    # Polls later: new timestamps, the same capacity; then one engine fewer.
+    polled = gemma_reports("gemma-3-27b-text-dp2-tp2")
+    store.publish("vllm_http", "http://a", polled)
+    assert_same_as_prometheus_client(cache, store.snapshot())
+    store.publish("vllm_http", "http://a", polled[:1])
+    assert_same_as_prometheus_client(cache, store.snapshot())
+
+
+def test_process_metrics_follow_the_cached_part_in_both_formats() -> None:
+    store = rich_store()
+    cache = ExpositionCache(store.snapshot)
+    expected = reference(store.snapshot(), openmetrics=False)
+    body = cache.body(accept_encoding="gzip")
+    text = gzip.decompress(body.content)
+    assert text.startswith(expected)
+    assert b"\nprocess_" in text[len(expected) - 1 :] or text[len(expected) :].startswith(
+        b"# HELP process_"
+    )
+    om = gzip.decompress(cache.body(accept=OPENMETRICS, accept_encoding="gzip").content)
+    assert om.startswith(reference(store.snapshot(), openmetrics=True).removesuffix(b"# EOF\n"))
+    assert om.endswith(b"# EOF\n")
+    assert om.count(b"# EOF") == 1
