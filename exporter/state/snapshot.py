@@ -129,26 +129,6 @@ def merge_engine(sightings: Sequence[Sighting]) -> EngineView:
     if capacity_source is None and derived_tokens is not None:
         capacity_source = "derived"
     first = reports[0]
-    if len(reports) == 1:
-        return EngineView(
-            engine=first.engine,
-            model_name=first.model_name,
-            instance_id=first.instance_id or None,
-            vllm_version=first.vllm_version or None,
-            collectors=(sightings[0].collector,),
-            stale=sightings[0].stale,
-            updated_at_s=sightings[0].received_at_s,
-            capacity=capacity,
-            capacity_source=capacity_source,
-            derived_kv_cache_size_tokens=derived_tokens,
-            derivation_error=first.derivation_error or None,
-            capacity_mismatch=_mismatch(tokens, derived_tokens),
-            usage=first.usage,
-            world_size=first.world_size or (len(capacity.bytes_per_block_per_worker) or None),
-            local_rank=first.local_rank,
-            devices=first.devices,
-            platform=first.platform or None,
-        )
     return EngineView(
         engine=first.engine,
         model_name=next((r.model_name for r in reports if r.model_name), ""),
