@@ -1,56 +1,98 @@
-"""The `kvcap-exporter` command line: `serve`, `demo` and `capacity`."""
+"""The `kvcap-exporter` command line: `serve`, `demo` and `capacity`.
+
+Exit status: 0 success; 1 kvcap could not do what was asked (a file it cannot read, a port
+in use, a model that does not fit); 2 the command line itself is wrong (an unknown flag, a
+malformed value, a bad KVCAP_* twin). Every failure is one line on stderr naming the flag
+and the cause; `--log.level debug` adds the traceback of an unexpected error.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Mapping, Sequence
+from typing import NoReturn
 
 from exporter import __version__, capacity_cli, demo, serve
 from exporter import collectors as _collectors  # noqa: F401 (importing registers them)
-from exporter.errors import DoesNotFit, KvcapError
-from exporter.flags import add_env_help, apply_env_defaults
+from exporter.errors import KvcapError, UsageError
+from exporter.flags import Flags
+
+PROG = "kvcap-exporter"
+USAGE_ERROR = 2
+KVCAP_ERROR = 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kvcap-exporter",
+class CommandLineParser(argparse.ArgumentParser):
+    """argparse that raises UsageError instead of printing usage and exiting, so every
+    error leaves the same way (one line; JSON where `capacity --json` asked for it)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, list[Flags]]:
+    parser = CommandLineParser(
+        prog=PROG,
         description="Group-aware vLLM KV cache capacity, per engine, for Prometheus.",
+        epilog="Exit status: 0 ok, 1 kvcap error (files, ports, capacity), 2 usage error.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    serve.add_parser(subparsers)
-    demo.add_parser(subparsers)
-    capacity_cli.add_parser(subparsers)
-    return parser
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = [
+        serve.add_parser(subparsers),
+        demo.add_parser(subparsers),
+        capacity_cli.add_parser(subparsers),
+    ]
+    return parser, commands
 
 
-def apply_env_defaults_everywhere(
-    parser: argparse.ArgumentParser, environ: Mapping[str, str]
-) -> None:
-    """Every subcommand's flags take KVCAP_* environment defaults."""
-    for action in parser._actions:  # argparse has no public way to reach subparsers
-        if isinstance(action, argparse._SubParsersAction):
-            for subparser in action.choices.values():
-                add_env_help(subparser)
-                apply_env_defaults(subparser, environ)
+def parse(argv: Sequence[str], environ: Mapping[str, str]) -> argparse.Namespace:
+    """Flags and environment twins to a namespace; raises UsageError."""
+    parser, commands = build_parser()
+    for flags in commands:
+        flags.apply_environment(environ)
+    head, tail = capacity_cli.split_vllm_command(list(argv))
+    args, extras = parser.parse_known_args(head)
+    if args.command == "capacity":
+        args.vllm_tokens = extras
+        args.vllm_tail = tail
+    elif extras or tail is not None:
+        unknown = extras or ["--"]
+        raise UsageError(f"unrecognized arguments: {' '.join(unknown)} (see {PROG} --help)")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args: argparse.Namespace | None = None
     try:
-        apply_env_defaults_everywhere(parser, os.environ)
-        args = parser.parse_args(argv)
+        args = parse(argv, os.environ)
         code: int = args.handler(args)
-    except DoesNotFit as error:
-        print(f"kvcap-exporter: {error.summary}", file=sys.stderr)
-        print(f"vLLM's message: {error}", file=sys.stderr)
-        return 1
+    except UsageError as error:
+        return _fail(argv, args, error, USAGE_ERROR)
     except KvcapError as error:
-        print(f"kvcap-exporter: error: {error}", file=sys.stderr)
-        return 1
+        return _fail(argv, args, error, KVCAP_ERROR)
+    except Exception as error:  # the last line of defence: one line, no traceback
+        if _debug(args):
+            traceback.print_exc()
+        return _fail(argv, args, error, KVCAP_ERROR)
     return code
+
+
+def _fail(argv: Sequence[str], args: argparse.Namespace | None, error: Exception, code: int) -> int:
+    if capacity_cli.wants_json(argv, args):
+        capacity_cli.print_error_json(error, sys.stdout)
+        return code
+    print(f"{PROG}: {capacity_cli.one_line(error)}", file=sys.stderr)
+    return code
+
+
+def _debug(args: argparse.Namespace | None) -> bool:
+    level = getattr(args, "log_level", None) or os.environ.get("KVCAP_LOG_LEVEL", "")
+    return str(level).lower() == "debug"
 
 
 if __name__ == "__main__":

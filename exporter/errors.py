@@ -1,7 +1,8 @@
 """The one exception hierarchy of kvcap.
 
     KvcapError
-    ├── ConfigError                  bad flags, settings or config.json content
+    ├── ConfigError                  bad settings, files or config.json content
+    │   └── UsageError               a flag or its environment twin is malformed (exit 2)
     └── CapacityError                the capacity model cannot give a number
         ├── UnsupportedArchitecture  unknown model family without the generic fields
         ├── UnsupportedConfiguration vLLM itself refuses this config before planning
@@ -22,6 +23,10 @@ class KvcapError(Exception):
 
 class ConfigError(KvcapError):
     """A flag, setting or config.json field is missing or invalid."""
+
+
+class UsageError(ConfigError):
+    """The command line (or a KVCAP_* twin) cannot be used as given: exit status 2."""
 
 
 class CapacityError(KvcapError):

@@ -1,65 +1,203 @@
-"""Command-line flags with KVCAP_ environment twins.
+"""Command-line flags declared with their KVCAP_ environment twins.
 
-`--web.listen-address` has the twin KVCAP_WEB_LISTEN_ADDRESS.
+    flags = Flags(parser)
+    web = flags.group("web")
+    web.add("--web.listen-address", metavar="ADDRESS", default=":9470", help="...")
+
+`--web.listen-address` gets the twin KVCAP_WEB_LISTEN_ADDRESS; its help line ends with
+"(default :9470; env KVCAP_WEB_LISTEN_ADDRESS)". A flag on the command line wins over its
+twin, the twin over the default.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from exporter.errors import ConfigError
+from exporter.errors import ConfigError, UsageError
+from exporter.logs import parse_level
+from exporter.units import parse_duration, parse_size
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
 
 
 def env_name(option: str) -> str:
+    """`--web.listen-address` -> `KVCAP_WEB_LISTEN_ADDRESS`."""
     return "KVCAP_" + option.lstrip("-").upper().replace(".", "_").replace("-", "_")
 
 
-def apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    """Let KVCAP_* variables set defaults; a flag on the command line still wins."""
-    for action in parser._actions:  # argparse keeps no public list of actions
-        long_options = [
-            o for o in action.option_strings if o.startswith("--") and not o.startswith("--no-")
-        ]
-        if not long_options or action.dest == "help":
-            continue
-        name = env_name(long_options[0])
-        if name not in environ:
-            continue
-        raw = environ[name]
-        action.default = _convert(action, name, raw)
-        action.required = False
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One declared flag: how it is spelled, where its value goes and how text becomes it."""
+
+    option: str
+    dest: str
+    env: str | None
+    default: object
+    kind: str  # "value", "switch" (on/off) or "list" (repeatable, or comma-separated in env)
+    convert: Callable[[str], Any] | None
+    secret: bool = False
+
+    def from_text(self, raw: str, where: str) -> object:
+        """The value of `raw` (an environment variable's text); UsageError names `where`."""
+        if self.kind == "switch":
+            value = raw.strip().lower()
+            if value in _TRUE:
+                return True
+            if value in _FALSE:
+                return False
+            raise UsageError(f"{where} must be true or false, got {raw!r}")
+        if self.kind == "list":
+            return [self._one(part.strip(), where) for part in raw.split(",") if part.strip()]
+        return self._one(raw, where)
+
+    def _one(self, raw: str, where: str) -> object:
+        if self.convert is None:
+            return raw
+        try:
+            return self.convert(raw)
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as error:
+            raise UsageError(f"{where}: {error}") from None
+        except UsageError as error:
+            raise UsageError(f"{where}: {error}") from None
 
 
-def _convert(action: argparse.Action, name: str, raw: str) -> object:
-    if isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0:
-        value = raw.strip().lower()
-        if value in _TRUE:
-            return True
-        if value in _FALSE:
-            return False
-        raise ConfigError(f"{name} must be true or false, got {raw!r}")
-    if isinstance(action, argparse._AppendAction):
-        return [_typed(action, name, part.strip()) for part in raw.split(",") if part.strip()]
-    return _typed(action, name, raw)
+def show(value: object) -> str:
+    """A flag value as a person would type it: on/off, lists joined by commas."""
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    if value is None:
+        return "none"
+    if isinstance(value, list | tuple):
+        return ",".join(show(v) for v in value) if value else "none"
+    return str(value)
 
 
-def _typed(action: argparse.Action, name: str, raw: str) -> object:
-    if action.type is None or not callable(action.type):
-        return raw
+class Flags:
+    """Every flag of one (sub)command, as declared; the parser never has to be searched."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+        self.declared: list[Flag] = []
+
+    def group(self, title: str) -> FlagGroup:
+        return FlagGroup(self, self.parser.add_argument_group(title))
+
+    def apply_environment(self, environ: Mapping[str, str]) -> None:
+        """Let KVCAP_* variables set defaults; a flag on the command line still wins."""
+        defaults = {
+            flag.dest: flag.from_text(environ[flag.env], flag.env)
+            for flag in self.declared
+            if flag.env is not None and flag.env in environ
+        }
+        self.parser.set_defaults(**defaults)
+
+    def active(self, args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+        """(flag, value as typed) of every declared flag, secrets masked."""
+        for flag in self.declared:
+            value = getattr(args, flag.dest, flag.default)
+            yield flag.option, "<secret>" if flag.secret and value else show(value)
+
+
+class FlagGroup:
+    """A titled group of flags in --help."""
+
+    def __init__(self, flags: Flags, group: argparse._ArgumentGroup) -> None:
+        self._flags = flags
+        self._group = group
+
+    def add(
+        self,
+        option: str,
+        *aliases: str,
+        help: str,
+        metavar: str | None = None,
+        default: object = None,
+        type: Callable[[str], Any] | None = None,
+        choices: Sequence[str] | None = None,
+        switch: bool = False,
+        repeatable: bool = False,
+        dest: str | None = None,
+        env: bool = True,
+        default_text: str | None = None,
+        secret: bool = False,
+    ) -> None:
+        """Declare `option`. A value flag needs a metavar naming what the value is.
+
+        `switch` makes an on/off flag with a `--no-` form; `repeatable` collects a list.
+        `default_text` says the default in words where the value alone would not.
+        """
+        dest = dest or option.lstrip("-").replace(".", "_").replace("-", "_")
+        twin = env_name(option) if env else None
+        shown = default_text if default_text is not None else show(default)
+        suffix = f"default {shown}" + (f"; env {twin}" if twin else "")
+        text = f"{help} ({suffix})"
+        kwargs: dict[str, Any] = {"dest": dest, "default": default, "help": text}
+        if switch:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            if metavar is None and choices is None:
+                raise ValueError(f"{option} needs a metavar")  # a programming error
+            kwargs.update(metavar=metavar, type=type, choices=choices)
+            if repeatable:
+                kwargs["action"] = "append"
+        self._group.add_argument(option, *aliases, **kwargs)
+        kind = "switch" if switch else "list" if repeatable else "value"
+        self._flags.declared.append(Flag(option, dest, twin, default, kind, type, secret))
+
+
+# Value types for flags: argparse reports their errors as usage errors naming the flag.
+
+
+def size(text: str) -> int:
+    """Bytes: `32MiB`, `1G`, `1048576`."""
+    value: int = _argparse_type(parse_size, text)
+    return value
+
+
+def duration(text: str) -> float:
+    """Seconds, more than zero: `5s`, `250ms`, `1m`, `2.5`."""
+    seconds: float = _argparse_type(parse_duration, text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be longer than zero, got {text!r}")
+    return seconds
+
+
+def positive_int(text: str) -> int:
     try:
-        return action.type(raw)
-    except (ValueError, TypeError, argparse.ArgumentTypeError, ConfigError) as error:
-        raise ConfigError(f"{name}: {error}") from None
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
-def add_env_help(parser: argparse.ArgumentParser) -> None:
-    """Mention each flag's environment twin in --help."""
-    for action in parser._actions:
-        long_options = [o for o in action.option_strings if o.startswith("--")]
-        if long_options and action.dest != "help" and action.help is not argparse.SUPPRESS:
-            twin = env_name(long_options[0].replace("--no-", "--"))
-            action.help = f"{action.help or ''} [env {twin}]".strip()
+def positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _argparse_type(parse: Callable[[str], Any], text: str) -> Any:
+    try:
+        return parse(text)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def log_level(text: str) -> str:
+    """`debug`, `info`, `warn` (or `warning`, as the logs print it), `error`."""
+    try:
+        return parse_level(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None

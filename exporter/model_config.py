@@ -1,12 +1,15 @@
-"""Reading a model's config.json from disk (the capacity model itself does no I/O)."""
+"""Finding and reading a model's config.json on disk (the capacity model does no I/O)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from exporter.errors import ConfigError
+from exporter.hf_cache import find_snapshot, looks_like_repo_id
 from exporter.json_documents import NotJson, read_json
 
 
@@ -48,3 +51,28 @@ def load_model_config(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{file} must hold a JSON object")
     return data
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    """Where a model name led: its config.json, the folder around it, and how it was found."""
+
+    name: str
+    config_file: Path
+    folder: Path
+    found_in: str  # "folder", "file" or "Hugging Face cache"
+
+
+def resolve_model(
+    name: str, *, revision: str | None = None, environ: Mapping[str, str] | None = None
+) -> ResolvedModel:
+    """A model folder, a config.json, or a Hugging Face id found in the local HF cache."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return ResolvedModel(name, path / "config.json", path, "folder")
+    if path.is_file():
+        return ResolvedModel(name, path, path.parent, "file")
+    if name.startswith(("/", ".", "~")) or not looks_like_repo_id(name):
+        raise ConfigError(f"model {name}: no such file or folder")
+    snapshot = find_snapshot(name, revision, os.environ if environ is None else environ)
+    return ResolvedModel(name, snapshot / "config.json", snapshot, "Hugging Face cache")

@@ -15,7 +15,9 @@ import structlog
 from exporter import __version__
 from exporter.collectors import COLLECTORS, Collector, collector_priority
 from exporter.collectors.kv_events import residency_views
+from exporter.errors import ConfigError
 from exporter.exposition import ExpositionCache, PrefixCacheCollector, build_routes
+from exporter.flags import Flags, log_level
 from exporter.logs import LEVELS, configure_logging
 from exporter.state import StateStore
 from exporter.web import WebServer
@@ -28,40 +30,45 @@ DEFAULT_LISTEN_ADDRESS = ":9470"
 STOP_TIMEOUT_S = 2.0
 
 
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    web = parser.add_argument_group("web")
-    web.add_argument(
+def add_common_arguments(flags: Flags, listen_address: str = DEFAULT_LISTEN_ADDRESS) -> None:
+    web = flags.group("web")
+    web.add(
         "--web.listen-address",
-        dest="web_listen_address",
-        default=DEFAULT_LISTEN_ADDRESS,
-        help="address to serve on (default :9470)",
+        metavar="ADDRESS",
+        default=listen_address,
+        help="address to serve on: [HOST]:PORT",
     )
-    web.add_argument(
+    web.add(
         "--web.config.file",
-        dest="web_config_file",
+        metavar="FILE",
         type=Path,
-        help="exporter-toolkit web config: TLS and basic auth; re-read on change and on SIGHUP",
+        help="exporter-toolkit web config (YAML, as node_exporter's): TLS and basic auth; "
+        "re-read on change and on SIGHUP",
     )
-    web.add_argument(
+    web.add(
         "--web.config.allow-downgrade",
-        dest="web_config_allow_downgrade",
-        action=argparse.BooleanOptionalAction,
+        switch=True,
         default=False,
         help="accept a changed web config that turns basic auth off or weakens TLS client "
-        "checks (default: refuse it and keep the old one)",
+        "checks (off: refuse it and keep the old one)",
     )
-    web.add_argument(
+    web.add(
         "--web.max-requests",
-        dest="web_max_requests",
+        metavar="CONNECTIONS",
         type=_non_negative_int,
         default=DEFAULT_MAX_CONNECTIONS,
-        help=f"most open HTTP connections, each on its own thread; 0: no limit "
-        f"(default {DEFAULT_MAX_CONNECTIONS})",
+        help="most open HTTP connections, each on its own thread; 0: no limit",
     )
-    logging = parser.add_argument_group("logging")
-    logging.add_argument("--log.level", dest="log_level", choices=LEVELS, default="info")
-    logging.add_argument(
-        "--log.format", dest="log_format", choices=("logfmt", "json"), default="logfmt"
+    logging = flags.group("logging")
+    logging.add(
+        "--log.level",
+        metavar="LEVEL",
+        type=log_level,
+        default="info",
+        help=f"least severe level logged: {', '.join(LEVELS)} (warning = warn)",
+    )
+    logging.add(
+        "--log.format", choices=("logfmt", "json"), default="logfmt", help="log line format"
     )
 
 
@@ -71,24 +78,27 @@ def _non_negative_int(text: str) -> int:
     return int(text)
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Any) -> Flags:
     parser = subparsers.add_parser(
         "serve",
         help="run the exporter",
         description="Serve per-engine vLLM KV cache capacity metrics for Prometheus.",
     )
-    add_common_arguments(parser)
-    collectors = parser.add_argument_group("collectors")
+    flags = Flags(parser)
+    add_common_arguments(flags)
+    collectors = flags.group("collectors")
     for spec in COLLECTORS.values():
-        collectors.add_argument(
+        collectors.add(
             f"--collector.{spec.name}",
             dest=f"collector_{spec.name}",
-            action=argparse.BooleanOptionalAction,
+            switch=True,
             default=spec.default_enabled,
-            help=f"{spec.help} (default {'on' if spec.default_enabled else 'off'})",
+            help=spec.help,
         )
-        spec.add_arguments(parser.add_argument_group(spec.name))
-    parser.set_defaults(handler=run)
+    for spec in COLLECTORS.values():
+        spec.add_arguments(flags.group(spec.name))
+    parser.set_defaults(handler=run, flags=flags)
+    return flags
 
 
 def build_collectors(args: argparse.Namespace) -> list[Collector]:
@@ -116,9 +126,11 @@ class Exporter:
         *,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         allow_downgrade: bool = False,
+        active_flags: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.store = store or StateStore(priority=collector_priority())
         self.collectors = list(collectors)
+        self.listen_address = listen_address
         counters = WebCounters()
         residency = residency_views(self.collectors)
         cache = ExpositionCache(
@@ -126,7 +138,7 @@ class Exporter:
         )
         self.server = WebServer(
             listen_address,
-            build_routes(self.store.snapshot, cache, residency),
+            build_routes(self.store.snapshot, cache, residency, active_flags),
             web_config_file=web_config_file,
             max_connections=max_connections,
             allow_downgrade=allow_downgrade,
@@ -134,15 +146,40 @@ class Exporter:
         )
 
     def start(self) -> None:
-        self.server.start()
-        for collector in self.collectors:
-            collector.start(self.store)
+        """Serve, then start the collectors. A failure leaves nothing running and raises a
+        KvcapError naming the flag and the cause."""
+        self.start_server()
+        started: list[Collector] = []
+        try:
+            for collector in self.collectors:
+                collector.start(self.store)
+                started.append(collector)
+        except BaseException:
+            for collector in started:
+                collector.stop(STOP_TIMEOUT_S / (len(started) + 1))
+            self.server.stop(STOP_TIMEOUT_S)
+            raise
         log.info(
             "exporter_started",
             version=__version__,
             url=self.server.url,
             collectors=[c.name for c in self.collectors],
         )
+
+    def start_server(self) -> None:
+        try:
+            self.server.start()
+        except ConfigError as error:
+            raise ConfigError(f"{self.listen_flag(error)}: {error}") from None
+        except OSError as error:  # the port is taken, or not ours to bind
+            cause = (error.strerror or str(error)).lower()
+            raise ConfigError(
+                f"--web.listen-address {self.listen_address}: cannot listen: {cause}"
+            ) from None
+
+    def listen_flag(self, error: ConfigError) -> str:
+        """The flag a web server start-up error is about."""
+        return "--web.config.file" if "web config" in str(error) else "--web.listen-address"
 
     def stop(self) -> None:
         budget = STOP_TIMEOUT_S / (len(self.collectors) + 1)
@@ -200,9 +237,10 @@ def run(args: argparse.Namespace) -> int:
         args.web_config_file,
         max_connections=args.web_max_requests,
         allow_downgrade=args.web_config_allow_downgrade,
+        active_flags=list(args.flags.active(args)),
     )
+    exporter.start()  # raises with nothing left running: no "stopped" line for a failed start
     try:
-        exporter.start()
         stop.wait(on_reload=exporter.server.reload_web_config)
     finally:
         exporter.stop()

@@ -53,3 +53,41 @@ def parse_count(text: str) -> int:
     if stripped.endswith(("B", "i", "iB")):
         raise ConfigError(f"not a count: {text!r}")
     return parse_size(stripped)
+
+
+# Prometheus' duration units (model.ParseDuration), largest first.
+_DURATION_UNITS = {
+    "y": 365 * 86400.0,
+    "w": 7 * 86400.0,
+    "d": 86400.0,
+    "h": 3600.0,
+    "m": 60.0,
+    "s": 1.0,
+    "ms": 0.001,
+}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|[ywdhms])")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a Prometheus-style duration (`5s`, `250ms`, `1m`, `1m30s`) or plain
+    seconds (`5`, `0.5`)."""
+    stripped = text.strip()
+    try:
+        seconds = float(stripped)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(seconds):
+            raise ConfigError(f"not a duration: {text!r}")
+        return seconds
+    parts = _DURATION.findall(stripped)
+    if not parts or "".join(number + unit for number, unit in parts) != stripped:
+        raise ConfigError(f"not a duration: {text!r} (examples: 5s, 250ms, 1m, 1m30s, 2.5)")
+    return sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
+
+
+def format_duration(seconds: float) -> str:
+    """`5.0` -> `5s`, `0.25` -> `250ms`, `90.0` -> `90s`: how --help shows a default."""
+    if seconds < 1 and seconds * 1000 == int(seconds * 1000):
+        return f"{int(seconds * 1000)}ms"
+    return f"{seconds:g}s"

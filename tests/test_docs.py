@@ -40,4 +40,30 @@ def test_documented_command_output(command: str, expected: list[str]) -> None:
         check=False,
     )
     assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines()[: len(expected)] == expected
+    assert_shown(run.stdout.splitlines(), expected)
+
+
+def assert_shown(actual: list[str], expected: list[str]) -> None:
+    """The documented lines, in order; a `...` line stands for lines left out of the page."""
+    position = 0
+    skipping = False
+    for line in expected:
+        if line == "...":
+            skipping = True
+            continue
+        if skipping:
+            assert line in actual[position:], f"{line!r} is not in the output after line {position}"
+            position = actual.index(line, position)
+        else:
+            assert position < len(actual), f"the output ends before {line!r}"
+            assert actual[position] == line
+        position += 1
+        skipping = False
+
+
+def test_elided_lines_still_have_to_match() -> None:
+    assert_shown(["a", "b", "c", "d"], ["a", "...", "c"])
+    with pytest.raises(AssertionError):
+        assert_shown(["a", "b", "c"], ["a", "c"])
+    with pytest.raises(AssertionError):
+        assert_shown(["a", "b", "c"], ["a", "...", "x"])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -11,6 +13,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from exporter.cli import build_parser
 
 
 class Started(subprocess.Popen[str]):
@@ -131,3 +135,119 @@ def test_demo_prints_a_working_scrape_url() -> None:
         ]
         assert len(capacity) == 2
         stop_within(process, signal.SIGTERM)
+
+
+def run_briefly(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "exporter.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_a_taken_port_is_one_line_naming_the_flag() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = run_briefly("serve", "--web.listen-address", f"127.0.0.1:{port}")
+    assert run.returncode == 1
+    errors = [line for line in run.stderr.splitlines() if not line.startswith("ts=")]
+    assert errors == [
+        f"kvcap-exporter: error: --web.listen-address 127.0.0.1:{port}: cannot listen: "
+        "address already in use"
+    ]
+    assert "stopped" not in run.stderr  # nothing had started
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["--vllm.poll-interval", "soon"], {}, "argument --vllm.poll-interval: not a duration"),
+        (["--vllm.poll-interval", "0s"], {}, "must be longer than zero"),
+        (["--log.level", "loud"], {}, "argument --log.level: not a log level"),
+        (["--no-such-flag"], {}, "unrecognized arguments: --no-such-flag"),
+        ([], {"KVCAP_VLLM_TIMEOUT": "later"}, "KVCAP_VLLM_TIMEOUT: not a duration"),
+        ([], {"KVCAP_COLLECTOR_NVML": "maybe"}, "KVCAP_COLLECTOR_NVML must be true or false"),
+        (["--vllm.url", "http://x", "--vllm.args", "m -tp x"], {}, "-tp must be an integer"),
+    ],
+)
+def test_usage_errors_exit_2_in_one_line(args: list[str], env: dict[str, str], needle: str) -> None:
+    run = run_briefly("serve", "--web.listen-address", "127.0.0.1:0", *args, env=env)
+    assert run.returncode == 2
+    assert run.stderr.startswith("kvcap-exporter: error:")
+    assert run.stderr.count("\n") == 1
+    assert needle in run.stderr
+
+
+def test_an_unexpected_error_has_a_traceback_only_at_debug() -> None:
+    code = (
+        "import sys; from exporter import cli, serve\n"
+        "def broken(args): raise RuntimeError('disk on fire')\n"
+        "serve.run = broken\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    for level, traced in (("info", False), ("debug", True)):
+        run = subprocess.run(
+            [sys.executable, "-c", code, "serve", "--log.level", level],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert run.returncode == 1
+        assert run.stderr.splitlines()[-1] == "kvcap-exporter: error: RuntimeError: disk on fire"
+        assert ("Traceback" in run.stderr) is traced
+
+
+def test_durations_warning_level_and_logfmt_values() -> None:
+    with start(
+        "serve", "--web.listen-address", "127.0.0.1:0", "--vllm.poll-interval", "250ms",
+        "--nvml.poll-interval", "1m", "--log.level", "info",
+    ) as process:  # fmt: skip
+        started = wait_for_log(process, "exporter_started")
+        assert "collectors=" in started
+        assert "[" not in started
+        url = url_from(started)
+        with urllib.request.urlopen(url + "/", timeout=5) as response:
+            page = response.read().decode()
+        assert "<code>--vllm.poll-interval</code></td><td><code>0.25</code>" in page
+        assert "<code>--nvml.poll-interval</code></td><td><code>60.0</code>" in page
+        assert "<code>--web.listen-address</code></td><td><code>127.0.0.1:0</code>" in page
+        stop_within(process, signal.SIGTERM)
+    with start("serve", "--web.listen-address", "127.0.0.1:0", "--log.level", "warning") as quiet:
+        time.sleep(1.5)
+        assert quiet.poll() is None  # accepted and running
+        stop_within(quiet, signal.SIGTERM)
+        assert quiet.stderr is not None
+        assert "level=info" not in quiet.stderr.read()
+
+
+def test_logfmt_booleans_are_values_not_bare_keys(tmp_path: Path) -> None:
+    with start("serve", "--web.listen-address", "127.0.0.1:0") as process:
+        line = wait_for_log(process, "web_server_started")
+        assert "basic_auth=false" in line
+        stop_within(process, signal.SIGTERM)
+
+
+@pytest.mark.parametrize("command", ["serve", "demo", "capacity"])
+def test_every_flags_help_shows_its_default_and_environment_twin(command: str) -> None:
+    run = run_briefly(command, "--help")
+    assert run.returncode == 0
+    text = " ".join(run.stdout.split())
+    _, commands = build_parser()
+    flags = next(f for f in commands if f.parser.prog.endswith(f" {command}"))
+    assert flags.declared
+    for flag in flags.declared:
+        assert re.search(rf"\(default [^()]*(\([^()]*\)[^()]*)*; env {flag.env}\)", text), flag
+        # The metavar says what the value is, never the raw destination name.
+        assert f"{flag.option} {flag.dest.upper()}" not in text
+
+
+def test_no_argparse_internals_are_reached_for() -> None:
+    """Flags are declared with their twins (exporter/flags.py); nothing walks the parser."""
+    exporter = Path(__file__).parent.parent / "exporter"
+    for source in exporter.rglob("*.py"):
+        text = source.read_text(encoding="utf-8")
+        assert "._actions" not in text, source
+        assert "_SubParsersAction" not in text, source

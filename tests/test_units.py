@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from exporter.errors import ConfigError
-from exporter.units import parse_count, parse_size
+from exporter.units import parse_count, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(
@@ -44,3 +44,18 @@ def test_parse_count(text: str, expected: int) -> None:
 def test_parse_count_rejects_byte_units() -> None:
     with pytest.raises(ConfigError):
         parse_count("32KiB")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("5s", 5.0), ("250ms", 0.25), ("1m", 60.0), ("1m30s", 90.0), ("2h", 7200.0), ("5", 5.0),
+     ("0.5", 0.5), ("1.5s", 1.5), ("1d", 86400.0)],
+)  # fmt: skip
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "soon", "5 s", "5x", "s", "1m5", "inf", "nan", "ms5"])
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(ConfigError, match="not a duration"):
+        parse_duration(text)

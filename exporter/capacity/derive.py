@@ -141,6 +141,8 @@ def derive_capacity(
     prefix_caching = settings.enable_prefix_caching is not False
     has_mamba = any(isinstance(layer, MambaLayer) for layer in layout.layers)
     mode: MambaCacheMode = "align" if prefix_caching and has_mamba else "none"
+    if has_mamba and settings.mamba_cache_mode is not None:
+        mode = "align" if settings.mamba_cache_mode == "align" else "none"
 
     model_dtype = hf.model_dtype(settings.dtype)
     kv = resolve_kv_cache_dtype(settings.kv_cache_dtype, hf, model_dtype)

@@ -58,6 +58,8 @@ class EngineSettings:
     platform: str = "cuda"
     # The vLLM release that plans ("0.18.1"); None: the newest release kvcap knows.
     vllm_version: str | None = None
+    # `--mamba-cache-mode`: None lets vLLM choose (align with prefix caching, else none).
+    mamba_cache_mode: str | None = None
 
     def __post_init__(self) -> None:
         platform_rules(self.platform)  # an unknown platform is a ConfigError
@@ -73,6 +75,11 @@ class EngineSettings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value}")
+        if self.mamba_cache_mode not in (None, "none", "align"):
+            raise ConfigError(
+                f"mamba_cache_mode {self.mamba_cache_mode!r} is not modelled by kvcap "
+                "(none and align are)"
+            )
         if self.max_model_len is not None and self.max_model_len < 1 and self.max_model_len != -1:
             raise ConfigError(
                 "max_model_len must be a positive integer or -1 (auto-fit), "

@@ -33,7 +33,8 @@ from exporter.capacity import (
 from exporter.capacity.platforms import PLATFORMS
 from exporter.collectors.kv_events_endpoints import endpoints_from_sources
 from exporter.collectors.registry import CollectorSpec, register_collector
-from exporter.errors import ConfigError
+from exporter.errors import ConfigError, UsageError
+from exporter.flags import FlagGroup, duration, positive_int, positive_number, size
 from exporter.handshake_wire import (
     BYE_TOPIC,
     READY_TOPIC,
@@ -47,7 +48,6 @@ from exporter.handshake_wire import (
     decode_ready,
 )
 from exporter.state import EngineReport, StateSink
-from exporter.units import parse_size
 
 log = structlog.get_logger("kvcap.handshake")
 
@@ -476,74 +476,76 @@ def _remove_ipc_file(endpoint: str) -> None:
             path.unlink()
 
 
-def _add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument(
+def _add_arguments(group: FlagGroup) -> None:
+    group.add(
         "--handshake.listen",
-        dest="handshake_listen",
+        metavar="ENDPOINT",
         default=DEFAULT_ENDPOINT,
         help="ZMQ endpoint the vLLM plugin pushes to: ipc://PATH (its directory "
         "is created 0700) or tcp://127.0.0.1:PORT",
     )
-    group.add_argument(
+    group.add(
         "--handshake.max-frame-size",
-        dest="handshake_max_frame_size",
-        type=parse_size,
+        metavar="SIZE",
+        type=size,
         default=64 * 2**10,
-        help="largest accepted frame (64KiB); ZMQ drops a peer that sends a larger one",
+        default_text="64KiB",
+        help="largest accepted frame; ZMQ drops a peer that sends a larger one",
     )
-    group.add_argument(
+    group.add(
         "--handshake.receive-hwm",
-        dest="handshake_receive_hwm",
-        type=int,
+        metavar="MESSAGES",
+        type=positive_int,
         default=1000,
-        help="ZMQ receive high-water mark",
+        help="ZMQ receive high-water mark: messages queued before ZMQ drops",
     )
-    group.add_argument(
+    group.add(
         "--handshake.max-rate",
-        dest="handshake_max_rate",
-        type=float,
+        metavar="PER_SECOND",
+        type=positive_number,
         default=200.0,
-        help="messages per second before dropping",
+        default_text="200",
+        help="messages per second accepted before dropping",
     )
-    group.add_argument(
+    group.add(
         "--handshake.stale-after",
-        dest="handshake_stale_after",
-        type=float,
-        default=None,
-        help="seconds without a heartbeat after which an engine is stale "
-        f"(default {STALE_AFTER_HEARTBEATS} of the heartbeat intervals its plugin announces)",
+        metavar="DURATION",
+        type=duration,
+        default_text=f"{STALE_AFTER_HEARTBEATS} of the heartbeat intervals its plugin announces",
+        help="time without a heartbeat after which an engine is stale",
     )
-    group.add_argument(
+    group.add(
         "--handshake.socket-mode",
-        dest="handshake_socket_mode",
+        metavar="MODE",
         type=_socket_mode,
         default=0o600,
-        help="mode of an ipc:// socket file (default 0600: kvcap's user and root may push; "
+        default_text="0600",
+        help="mode of an ipc:// socket file (0600: kvcap's user and root may push; "
         "0660 also lets a vLLM of the same group in)",
     )
-    group.add_argument(
+    group.add(
         "--handshake.max-engines",
-        dest="handshake_max_engines",
-        type=int,
+        metavar="N",
+        type=positive_int,
         default=DEFAULT_MAX_ENGINES,
-        help=f"most engines known at once (default {DEFAULT_MAX_ENGINES})",
+        help="most engines known at once",
     )
-    group.add_argument(
+    group.add(
         "--handshake.forget-after",
-        dest="handshake_forget_after",
-        type=float,
+        metavar="DURATION",
+        type=duration,
         default=DEFAULT_FORGET_AFTER_S,
-        help="seconds without a heartbeat after which an engine is removed "
-        f"(default {DEFAULT_FORGET_AFTER_S:g})",
+        default_text=f"{DEFAULT_FORGET_AFTER_S:g}s",
+        help="time without a heartbeat after which an engine is removed",
     )
 
 
 def _build(args: argparse.Namespace) -> HandshakeCollector:
     stale_after, forget_after = args.handshake_stale_after, args.handshake_forget_after
     if not 1 <= args.handshake_max_engines <= 65536:
-        raise ConfigError("--handshake.max-engines must be between 1 and 65536")
+        raise UsageError("--handshake.max-engines must be between 1 and 65536")
     if not forget_after > 0 or (stale_after is not None and not 0 < stale_after < forget_after):
-        raise ConfigError(
+        raise UsageError(
             "--handshake.stale-after and --handshake.forget-after must be positive, "
             "the stale window shorter than the forget window"
         )

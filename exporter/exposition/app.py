@@ -26,6 +26,7 @@ def build_routes(
     snapshot: Callable[[], Snapshot],
     cache: ExpositionCache,
     residency: Callable[[], list[ResidencyView]] | None = None,
+    active_flags: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Handler]:
     def metrics(request: Request) -> Response:
         body = cache.body(
@@ -53,7 +54,8 @@ def build_routes(
         return Response(200, msgspec.json.encode(engines_document(snapshot(), views)), _JSON)
 
     def landing(request: Request) -> Response:
-        return Response(200, landing_page(snapshot()).encode(), "text/html; charset=utf-8")
+        page = landing_page(snapshot(), active_flags)
+        return Response(200, page.encode(), "text/html; charset=utf-8")
 
     return {
         "/metrics": metrics,
@@ -97,7 +99,7 @@ def _concurrency(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}x"
 
 
-def landing_page(current: Snapshot) -> str:
+def landing_page(current: Snapshot, active_flags: Sequence[tuple[str, str]] = ()) -> str:
     rows = "".join(
         f"<tr><td>{html.escape(v.engine)}</td><td>{html.escape(v.model_name)}</td>"
         f"<td>{_or_dash(v.capacity.kv_cache_size_tokens)}</td>"
@@ -115,5 +117,17 @@ def landing_page(current: Snapshot) -> str:
         '<li><a href="/healthz">/healthz</a></li><li><a href="/readyz">/readyz</a></li></ul>'
         "<table border=1><tr><th>engine</th><th>model</th><th>capacity tokens</th>"
         f"<th>max concurrency</th><th>capacity</th><th>state</th></tr>{rows}</table>"
-        "</body></html>"
+        f"{_flags_table(active_flags)}</body></html>"
     )
+
+
+def _flags_table(active_flags: Sequence[tuple[str, str]]) -> str:
+    """The flags this exporter runs with (command line, KVCAP_* twin or default)."""
+    if not active_flags:
+        return ""
+    rows = "".join(
+        f"<tr><td><code>{html.escape(flag)}</code></td><td><code>{html.escape(value)}</code>"
+        "</td></tr>"
+        for flag, value in active_flags
+    )
+    return f"<h2>Flags</h2><table border=1><tr><th>flag</th><th>value</th></tr>{rows}</table>"

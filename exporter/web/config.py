@@ -1,4 +1,11 @@
-"""The exporter-toolkit web config file (--web.config.file): TLS, basic auth, SSL context."""
+"""The exporter-toolkit web config file (--web.config.file): TLS, basic auth, SSL context.
+
+The schema is exporter-toolkit's (docs/web-configuration.md), so a node_exporter web config
+loads unchanged: `tls_server_config` (cert_file, key_file, client_ca_file,
+client_auth_type, client_allowed_sans, min_version, max_version, cipher_suites,
+prefer_server_cipher_suites, curve_preferences), `http_server_config` (http2, headers),
+`basic_auth_users` and `basic_auth_excluded_paths`.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +18,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, Literal, NoReturn, cast, get_args
 
+import structlog
 import yaml
 
 from exporter.errors import ConfigError
+
+_log = structlog.get_logger("kvcap.web")
 
 ClientAuthType = Literal[
     "NoClientCert",
@@ -48,8 +58,64 @@ _VERIFY_MODES: Final[Mapping[str, ssl.VerifyMode]] = {
 _NEEDS_CLIENT_CA: Final = frozenset(
     {"RequireAnyClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"}
 )
-_TOP_LEVEL_FIELDS: Final = ("tls_server_config", "basic_auth_users")
-_TLS_FIELDS: Final = ("cert_file", "key_file", "client_ca_file", "client_auth_type", "min_version")
+_TOP_LEVEL_FIELDS: Final = (
+    "tls_server_config",
+    "http_server_config",
+    "basic_auth_users",
+    "basic_auth_excluded_paths",
+)
+_TLS_FIELDS: Final = (
+    "cert_file",
+    "key_file",
+    "client_ca_file",
+    "client_auth_type",
+    "client_allowed_sans",
+    "min_version",
+    "max_version",
+    "cipher_suites",
+    "prefer_server_cipher_suites",
+    "curve_preferences",
+)
+_HTTP_FIELDS: Final = ("http2", "headers")
+# Go's crypto/tls names (tls.CipherSuites(), as exporter-toolkit accepts them) -> OpenSSL's.
+# The TLS 1.3 suites cannot be configured in Go either: accepted, and left as they are.
+GO_CIPHER_SUITES: Final[Mapping[str, str | None]] = {
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_AES_128_GCM_SHA256": None,
+    "TLS_AES_256_GCM_SHA384": None,
+    "TLS_CHACHA20_POLY1305_SHA256": None,
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+}
+# Go's tls.CurveID names -> OpenSSL's group names.
+GO_CURVES: Final[Mapping[str, str]] = {
+    "CurveP256": "prime256v1",
+    "CurveP384": "secp384r1",
+    "CurveP521": "secp521r1",
+    "X25519": "X25519",
+    "X25519MLKEM768": "X25519MLKEM768",
+}
+# exporter-toolkit's http_server_config.headers: the only five it allows, and the values it
+# checks (case-insensitively).
+_HEADER_VALUES: Final[Mapping[str, tuple[str, ...] | None]] = {
+    "Content-Security-Policy": None,
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-Content-Type-Options": ("nosniff",),
+    "X-XSS-Protection": None,
+    "Strict-Transport-Security": None,
+}
+_SAN_CLIENT_AUTH: Final = frozenset({"RequireAnyClientCert", "RequireAndVerifyClientCert"})
 # Modular crypt format of bcrypt: variant, two-digit cost 04..31, 22 salt + 31 hash characters.
 BCRYPT_HASH: Final = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 
@@ -63,6 +129,11 @@ class TlsConfig:
     client_ca_file: Path | None = None
     client_auth_type: ClientAuthType = "NoClientCert"
     min_version: TlsVersionName = "TLS12"
+    max_version: TlsVersionName = "TLS13"
+    cipher_suites: tuple[str, ...] = ()  # Go names; empty: OpenSSL's defaults
+    prefer_server_cipher_suites: bool = True
+    curve_preferences: tuple[str, ...] = ()  # Go names; empty: OpenSSL's defaults
+    client_allowed_sans: tuple[str, ...] = ()  # empty: any verified client certificate
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -77,6 +148,16 @@ class WebConfig:
 
     tls: TlsConfig | None = None
     basic_auth_users: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # http_server_config.headers, in the file's order, blank ones left out.
+    response_headers: tuple[tuple[str, str], ...] = ()
+    # http_server_config.http2: accepted; kvcap serves HTTP/1.1 only (ALPN http/1.1).
+    http2: bool = True
+    basic_auth_excluded_paths: tuple[str, ...] = ()
+
+    def auth_required(self, path: str) -> bool:
+        """Whether a request for `path` must carry basic auth (exact paths, as
+        exporter-toolkit's basic_auth_excluded_paths)."""
+        return bool(self.basic_auth_users) and path not in self.basic_auth_excluded_paths
 
 
 def load_web_config(path: Path | str) -> WebConfig:
@@ -94,7 +175,34 @@ def read_web_config_file(path: Path | str) -> WebConfig:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"web config file {path}: cannot read it: {exc}") from exc
-    return parse_web_config(text, base_dir=path.parent)
+    config = parse_web_config(text, base_dir=path.parent)
+    for where, reason in not_applied(config):
+        _log.warning("web_config_field_not_applied", file=str(path), field=where, reason=reason)
+    return config
+
+
+# The fields kvcap reads and checks but its HTTP server does not act on (yet); each is
+# said once per read of the file, never dropped silently.
+# (http_server_config.http2 is documented instead: kvcap serves HTTP/1.1 only, ALPN
+# http/1.1, whatever the file says, and every scraper speaks it.)
+NOT_APPLIED: dict[str, str] = {
+    "http_server_config.headers": "checked, but not yet added to responses",
+    "basic_auth_excluded_paths": "checked, but not yet applied: every path still asks for basic "
+    "auth (stricter, never weaker)",
+}
+
+
+def not_applied(config: WebConfig) -> list[tuple[str, str]]:
+    """(field, why) for each field set in `config` that the server does not apply."""
+    given = {
+        "http_server_config.headers": bool(config.response_headers),
+        "basic_auth_excluded_paths": bool(config.basic_auth_excluded_paths),
+    }
+    return [
+        (name, NOT_APPLIED[name])
+        for name, present in given.items()
+        if present and name in NOT_APPLIED
+    ]
 
 
 def parse_web_config(text: str, *, base_dir: Path) -> WebConfig:
@@ -117,11 +225,15 @@ def parse_web_config(text: str, *, base_dir: Path) -> WebConfig:
     fields = _mapping(document, "", _TOP_LEVEL_FIELDS)
     tls_document = fields.get("tls_server_config")
     users_document = fields.get("basic_auth_users")
+    http2, headers = _parse_http(fields.get("http_server_config"))
     return WebConfig(
         tls=None if tls_document is None else _parse_tls(tls_document, base_dir),
         basic_auth_users=MappingProxyType(
             {} if users_document is None else _parse_users(users_document)
         ),
+        response_headers=headers,
+        http2=http2,
+        basic_auth_excluded_paths=_strings(fields, "basic_auth_excluded_paths", "", paths=True),
     )
 
 
@@ -134,6 +246,8 @@ def build_ssl_context(tls: TlsConfig) -> ssl.SSLContext:
         # Python deprecates TLS 1.0/1.1; exporter-toolkit still offers them, so kvcap does too.
         warnings.simplefilter("ignore", DeprecationWarning)
         context.minimum_version = _TLS_VERSIONS[tls.min_version]
+        context.maximum_version = _TLS_VERSIONS[tls.max_version]
+    _apply_ciphers(context, tls)
     _check_certificates_load(tls.cert_file, "cert_file")
     try:
         context.load_cert_chain(tls.cert_file, tls.key_file, password=_refuse_encrypted_key)
@@ -154,7 +268,46 @@ def build_ssl_context(tls: TlsConfig) -> ssl.SSLContext:
             _fail("tls_server_config.client_ca_file", f"cannot load {tls.client_ca_file}", exc)
     context.verify_mode = _VERIFY_MODES[tls.client_auth_type]
     context.set_alpn_protocols(["http/1.1"])
+    if tls.client_allowed_sans:
+        context.sslsocket_class = _allowed_sans_socket(tls.client_allowed_sans)
     return context
+
+
+def _apply_ciphers(context: ssl.SSLContext, tls: TlsConfig) -> None:
+    if tls.prefer_server_cipher_suites:
+        context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    else:
+        context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+    names = [GO_CIPHER_SUITES[name] for name in tls.cipher_suites]
+    openssl = [name for name in names if name is not None]
+    if openssl:
+        try:
+            context.set_ciphers(":".join(openssl))
+        except ssl.SSLError as exc:
+            _fail("tls_server_config.cipher_suites", "none of them is available here", exc)
+    if len(tls.curve_preferences) == 1:
+        # Python's ssl sets one group at most; a single curve is enforced exactly.
+        try:
+            context.set_ecdh_curve(GO_CURVES[tls.curve_preferences[0]])
+        except (ValueError, ssl.SSLError) as exc:
+            _fail("tls_server_config.curve_preferences", "not available in this OpenSSL", exc)
+
+
+def _allowed_sans_socket(allowed: tuple[str, ...]) -> type[ssl.SSLSocket]:
+    """An SSLSocket whose handshake fails unless the client certificate has a Subject
+    Alternative Name (DNS, IP, e-mail or URI) equal to one in `allowed`."""
+    wanted = frozenset(allowed)
+
+    class AllowedSansSocket(ssl.SSLSocket):
+        def do_handshake(self, block: bool = False) -> None:
+            super().do_handshake(block)
+            certificate = self.getpeercert() or {}
+            entries: Any = certificate.get("subjectAltName", ())
+            names = {str(entry[1]) for entry in entries}
+            if not names & wanted:
+                raise ssl.SSLError("client certificate has no allowed Subject Alternative Name")
+
+    return AllowedSansSocket
 
 
 def _parse_tls(document: object, base_dir: Path) -> TlsConfig:
@@ -163,7 +316,6 @@ def _parse_tls(document: object, base_dir: Path) -> TlsConfig:
     key_file = _required_path(fields, "key_file", base_dir)
     client_ca_file = _path(fields, "client_ca_file", base_dir)
     client_auth_type = _choice(fields, "client_auth_type", _CLIENT_AUTH_TYPES, "NoClientCert")
-    min_version = _choice(fields, "min_version", _TLS_VERSION_NAMES, "TLS12")
     if client_auth_type in _NEEDS_CLIENT_CA and client_ca_file is None:
         _fail("tls_server_config.client_ca_file", f"required with {client_auth_type}")
     # Refused as exporter-toolkit refuses it: whoever wrote a CA expects it to be used.
@@ -178,8 +330,80 @@ def _parse_tls(document: object, base_dir: Path) -> TlsConfig:
         key_file=key_file,
         client_ca_file=client_ca_file,
         client_auth_type=cast(ClientAuthType, client_auth_type),
-        min_version=cast(TlsVersionName, min_version),
+        **_tls_options(fields, client_auth_type),
     )
+
+
+def _tls_options(fields: dict[str, Any], client_auth_type: str) -> dict[str, Any]:
+    """The TLS fields beyond files and client auth, checked as exporter-toolkit checks them."""
+    where = "tls_server_config"
+    min_version = _choice(fields, "min_version", _TLS_VERSION_NAMES, "TLS12")
+    max_version = _choice(fields, "max_version", _TLS_VERSION_NAMES, "TLS13")
+    if _TLS_VERSION_NAMES.index(min_version) > _TLS_VERSION_NAMES.index(max_version):
+        _fail(f"{where}.max_version", f"{max_version} is below min_version {min_version}")
+    ciphers = _strings(fields, "cipher_suites", where)
+    for name in ciphers:
+        if name not in GO_CIPHER_SUITES:
+            _fail(f"{where}.cipher_suites", f"unknown cipher suite {name!r}")
+    curves = _strings(fields, "curve_preferences", where)
+    for name in curves:
+        if name not in GO_CURVES:
+            _fail(f"{where}.curve_preferences", f"unknown curve {name!r}")
+    sans = _strings(fields, "client_allowed_sans", where)
+    if sans and client_auth_type not in _SAN_CLIENT_AUTH:
+        _fail(
+            f"{where}.client_allowed_sans",
+            "needs client_auth_type RequireAndVerifyClientCert or RequireAnyClientCert",
+        )
+    prefer = fields.get("prefer_server_cipher_suites", True)
+    if not isinstance(prefer, bool):
+        _fail(f"{where}.prefer_server_cipher_suites", "must be true or false")
+    return {
+        "min_version": cast(TlsVersionName, min_version),
+        "max_version": cast(TlsVersionName, max_version),
+        "cipher_suites": ciphers,
+        "prefer_server_cipher_suites": prefer,
+        "curve_preferences": curves,
+        "client_allowed_sans": sans,
+    }
+
+
+def _parse_http(document: object) -> tuple[bool, tuple[tuple[str, str], ...]]:
+    if document is None:
+        return True, ()
+    fields = _mapping(document, "http_server_config", _HTTP_FIELDS)
+    http2 = fields.get("http2", True)
+    if not isinstance(http2, bool):
+        _fail("http_server_config.http2", "must be true or false")
+    headers_document = fields.get("headers")
+    if headers_document is None:
+        return http2, ()
+    headers = _mapping(headers_document, "http_server_config.headers", tuple(_HEADER_VALUES))
+    chosen = []
+    for name, value in headers.items():
+        text = "" if value is None else str(value).strip()
+        if isinstance(value, dict | list) or "\n" in text or "\r" in text:
+            _fail(f"http_server_config.headers.{name}", "must be one line of text")
+        allowed = _HEADER_VALUES[name]
+        if text and allowed is not None and text.lower() not in allowed:
+            _fail(f"http_server_config.headers.{name}", f"must be one of {', '.join(allowed)}")
+        if text:  # blank: unset, as exporter-toolkit reads it
+            chosen.append((str(name), text))
+    return http2, tuple(chosen)
+
+
+def _strings(
+    fields: dict[str, Any], name: str, where: str, *, paths: bool = False
+) -> tuple[str, ...]:
+    value = fields.get(name)
+    full = f"{where}.{name}" if where else name
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        _fail(full, "must be a list of non-empty strings")
+    if paths and not all(v.startswith("/") for v in value):
+        _fail(full, "must be a list of paths starting with /")
+    return tuple(value)
 
 
 def _parse_users(document: object) -> dict[str, str]:

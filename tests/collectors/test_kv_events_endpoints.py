@@ -15,6 +15,7 @@ from exporter.collectors.kv_events_endpoints import (
     parse_endpoint_flag,
 )
 from exporter.errors import ConfigError
+from exporter.flags import Flags
 from exporter.handshake_wire import decode_ready, encode
 from exporter.state import KvEventsEndpoint
 from tests.kv_events_data import SHARED_PREFIX, load
@@ -102,7 +103,7 @@ def build(*flags: str) -> KvEventsCollector | None:
             action=argparse.BooleanOptionalAction,
             default=spec.default_enabled,
         )
-        spec.add_arguments(parser.add_argument_group(spec.name))
+        spec.add_arguments(Flags(parser).group(spec.name))
     built = COLLECTORS["kv_events"].build(parser.parse_args(list(flags)))
     assert built is None or isinstance(built, KvEventsCollector)
     return built

@@ -20,6 +20,7 @@ import structlog
 from exporter.collectors import COLLECTORS
 from exporter.collectors.nvml import NvmlCollector, NvmlPoller, NvmlSettings
 from exporter.collectors.nvml_reader import NvmlSession
+from exporter.flags import Flags
 from exporter.state import Snapshot, StateStore
 from tests.nvml.fake import (
     DRIVER_NOT_LOADED,
@@ -261,7 +262,7 @@ def test_the_source_thread_follows_the_config_while_it_runs(fake_nvml: FakeNvml)
 
 def build(argv: list[str]) -> NvmlCollector:
     parser = argparse.ArgumentParser()
-    COLLECTORS["nvml"].add_arguments(parser.add_argument_group("nvml"))
+    COLLECTORS["nvml"].add_arguments(Flags(parser).group("nvml"))
     source = COLLECTORS["nvml"].build(parser.parse_args(argv))
     assert isinstance(source, NvmlCollector)
     return source

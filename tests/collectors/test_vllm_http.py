@@ -403,7 +403,12 @@ def test_the_cli_and_the_sidecar_plan_an_old_release_alike() -> None:
             "-m",
             "exporter.cli",
             "capacity",
-            "--config",
+            "--vllm-version",
+            "0.23.0",
+            "--json",
+            "--",
+            "vllm",
+            "serve",
             str(path.parent / fixture["model_config_dir"]),
             "-tp",
             "2",
@@ -411,16 +416,13 @@ def test_the_cli_and_the_sidecar_plan_an_old_release_alike() -> None:
             str(engine["max_model_len"]),
             "--num-gpu-blocks",
             str(engine["num_gpu_blocks"]),
-            "--vllm-version",
-            "0.23.0",
-            "--json",
         ],
         capture_output=True,
         text=True,
         check=False,
     )
     assert run.returncode == 0, run.stderr
-    cli = json.loads(run.stdout)
+    cli = json.loads(run.stdout)["result"]
     assert view.derived_kv_cache_size_tokens == cli["kv_cache_size_tokens"]
     assert view.log_lines == tuple(cli["log_lines"])
     assert len(cli["log_lines"]) == 2

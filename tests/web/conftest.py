@@ -121,6 +121,10 @@ def _certificate(
             ),
             critical=False,
         )
+    elif issuer is not None:  # a client: one DNS name, for client_allowed_sans
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(f"{name}.kvcap.test")]), critical=False
+        )
     signer = key if issuer is None else issuer[1]
     return builder.sign(signer, hashes.SHA256())
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import ssl
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from exporter.errors import ConfigError
 from exporter.web import TlsConfig, WebConfig, load_web_config
-from exporter.web.config import build_ssl_context
-from tests.web.conftest import ALICE_HASH, Certs, tls_config
+from exporter.web.config import GO_CIPHER_SUITES, build_ssl_context, parse_web_config
+from tests.web.conftest import ALICE_HASH, Certs, get, tls_config
 
 CERT = "  cert_file: {server_cert}\n  key_file: {server_key}\n"
 
@@ -20,7 +22,50 @@ CERT = "  cert_file: {server_cert}\n  key_file: {server_key}\n"
     [
         ("tls_server_config: [\n", "web config: not valid YAML"),
         ("- a\n- b\n", "web config file: must be a mapping"),
-        ("http_server_config: {}\n", "web config http_server_config: unknown field"),
+        ("http_server_config: []\n", "web config http_server_config: must be a mapping"),
+        ("http_server_config:\n  http3: true\n", "web config http_server_config.http3: unknown"),
+        ("http_server_config:\n  http2: maybe\n", "web config http_server_config.http2: must be"),
+        (
+            "http_server_config:\n  headers:\n    X-Powered-By: kvcap\n",
+            "web config http_server_config.headers.X-Powered-By: unknown field",
+        ),
+        (
+            "http_server_config:\n  headers:\n    X-Frame-Options: allow\n",
+            "web config http_server_config.headers.X-Frame-Options: must be one of deny,",
+        ),
+        (
+            "http_server_config:\n  headers:\n    X-Content-Type-Options: sniff\n",
+            "web config http_server_config.headers.X-Content-Type-Options: must be one of nosniff",
+        ),
+        (
+            "tls_server_config:\n" + CERT + "  max_version: TLS14\n",
+            "web config tls_server_config.max_version: must be one of TLS10, TLS11, TLS12, TLS13",
+        ),
+        (
+            "tls_server_config:\n" + CERT + "  min_version: TLS13\n  max_version: TLS12\n",
+            "web config tls_server_config.max_version: TLS12 is below min_version TLS13",
+        ),
+        (
+            "tls_server_config:\n" + CERT + "  cipher_suites: [TLS_INVENTED_CIPHER]\n",
+            "web config tls_server_config.cipher_suites: unknown cipher suite 'TLS_INVENTED",
+        ),
+        (
+            "tls_server_config:\n" + CERT + "  cipher_suites: TLS_AES_128_GCM_SHA256\n",
+            "web config tls_server_config.cipher_suites: must be a list",
+        ),
+        (
+            "tls_server_config:\n" + CERT + "  curve_preferences: [CurveP999]\n",
+            "web config tls_server_config.curve_preferences: unknown curve 'CurveP999'",
+        ),
+        (
+            "tls_server_config:\n" + CERT + "  prefer_server_cipher_suites: yes please\n",
+            "web config tls_server_config.prefer_server_cipher_suites: must be true or false",
+        ),
+        (
+            "tls_server_config:\n" + CERT + "  client_allowed_sans: [a.example]\n",
+            "web config tls_server_config.client_allowed_sans: needs client_auth_type",
+        ),
+        ("basic_auth_excluded_paths: [metrics]\n", "web config basic_auth_excluded_paths: must"),
         ("tls_server_config: 3\n", "web config tls_server_config: must be a mapping"),
         ("tls_server_config: {}\n", "web config tls_server_config.cert_file: required"),
         (
@@ -30,10 +75,6 @@ CERT = "  cert_file: {server_cert}\n  key_file: {server_key}\n"
         (
             "tls_server_config:\n  cert_file: 42\n  key_file: {server_key}\n",
             "web config tls_server_config.cert_file: must be a file path",
-        ),
-        (
-            "tls_server_config:\n" + CERT + "  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
-            "web config tls_server_config.cipher_suites: unknown field",
         ),
         (
             "tls_server_config:\n" + CERT + "  min_version: TLS14\n",
@@ -221,3 +262,93 @@ def test_client_certificates_are_checked_against_the_client_ca_only(certs: Certs
     context = build_ssl_context(tls)
     # Exactly the configured CA: no system CAs, which would let public certificates in.
     assert context.cert_store_stats()["x509_ca"] == 1
+
+
+WEB_CONFIGS = Path(__file__).parent.parent / "fixtures" / "web-config"
+
+
+def documented(name: str, folder: Path, certs: Certs) -> Path:
+    """A web config from exporter-toolkit's documentation, unchanged, beside the test
+    certificate under the names it expects."""
+    (folder / "server.crt").write_bytes(certs.server_cert.read_bytes())
+    (folder / "server.key").write_bytes(certs.server_key.read_bytes())
+    target = folder / name
+    target.write_bytes((WEB_CONFIGS / name).read_bytes())
+    return target
+
+
+def test_the_documented_sample_loads_unchanged(tmp_path: Path, certs: Certs) -> None:
+    config = load_web_config(documented("exporter-toolkit-web-config.yml", tmp_path, certs))
+    assert config.tls is not None
+    assert config.tls.cert_file == tmp_path / "server.crt"
+    assert sorted(config.basic_auth_users) == ["alice", "bob"]
+    assert config.basic_auth_excluded_paths == ("/-/healthy", "/-/ready")
+    assert not config.auth_required("/-/ready")
+    assert config.auth_required("/metrics")
+
+
+def test_documented_headers_are_read_in_order(tmp_path: Path, certs: Certs) -> None:
+    config = load_web_config(documented("exporter-toolkit-headers.yml", tmp_path, certs))
+    assert config.response_headers == (
+        ("X-Frame-Options", "deny"),
+        ("Strict-Transport-Security", "max-age=31536000; includeSubDomains"),
+        ("X-Content-Type-Options", "nosniff"),
+        ("X-XSS-Protection", "1"),
+        ("Content-Security-Policy", "default-src 'self' *.test.example.net"),
+    )
+    blank = parse_web_config(
+        "http_server_config:\n  http2: false\n  headers:\n    X-Frame-Options: ''\n",
+        base_dir=tmp_path,
+    )
+    assert blank.response_headers == ()
+    assert blank.http2 is False
+
+
+ALL_CIPHERS = list(GO_CIPHER_SUITES)
+ALL_CURVES = ["CurveP256", "CurveP384", "CurveP521", "X25519", "X25519MLKEM768"]
+
+
+def test_every_documented_cipher_and_curve_name_is_accepted(tmp_path: Path, certs: Certs) -> None:
+    text = tls_config(
+        certs,
+        cipher_suites="[" + ", ".join(ALL_CIPHERS) + "]",
+        curve_preferences="[" + ", ".join(ALL_CURVES) + "]",
+        max_version="TLS13",
+        prefer_server_cipher_suites="false",
+    )
+    config = parse_web_config(text, base_dir=tmp_path)
+    assert config.tls is not None
+    assert config.tls.cipher_suites == tuple(ALL_CIPHERS)
+    assert config.tls.curve_preferences == tuple(ALL_CURVES)
+    context = build_ssl_context(config.tls)
+    assert not context.options & ssl.OP_CIPHER_SERVER_PREFERENCE
+    preferred = build_ssl_context(TlsConfig(certs.server_cert, certs.server_key))
+    assert preferred.options & ssl.OP_CIPHER_SERVER_PREFERENCE
+    assert preferred.maximum_version == ssl.TLSVersion.TLSv1_3
+
+
+def test_serve_runs_with_the_documented_sample_unchanged(tmp_path: Path, certs: Certs) -> None:
+    """A real `kvcap-exporter serve` with exporter-toolkit's sample web config: HTTPS, basic
+    auth asked for, and the fields it does not apply said out loud."""
+    config = documented("exporter-toolkit-web-config.yml", tmp_path, certs)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter.cli", "serve", "--web.listen-address", "127.0.0.1:0",
+         "--web.config.file", str(config), "--no-collector.handshake", "--no-collector.nvml"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        lines: list[str] = []
+        while not any("exporter_started" in line for line in lines):
+            line = process.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        url = next(p.split("=", 1)[1] for p in lines[-1].split() if p.startswith("url="))
+        assert url.startswith("https://")
+        assert get(url, context=certs.client_context()).status == 401
+        not_applied = [line for line in lines if "web_config_field_not_applied" in line]
+        assert len(not_applied) == 1
+        assert "field=basic_auth_excluded_paths" in not_applied[0]
+    finally:
+        process.terminate()
+        process.communicate(timeout=10)

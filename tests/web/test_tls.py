@@ -132,3 +132,83 @@ def test_stop_with_a_tls_client_mid_handshake(start_server: StartServer, certs: 
     assert silent.recv(1) == b""
     silent.close()
     idle.close()
+
+
+# --- exporter-toolkit parity: versions, ciphers, curves, allowed SANs ----------------------
+
+
+def negotiated(url: str, context: ssl.SSLContext) -> tuple[str | None, str | None]:
+    """(TLS version, cipher) of one real handshake with the server."""
+    parts = urlsplit(url)
+    with (
+        socket.create_connection((parts.hostname or "", parts.port or 0), timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        cipher = tls.cipher()
+        return tls.version(), None if cipher is None else cipher[0]
+
+
+def test_max_version_tls12_negotiates_tls12(start_server: StartServer, certs: Certs) -> None:
+    server = start_server(tls_config(certs, max_version="TLS12"))
+    assert negotiated(server.url, certs.client_context())[0] == "TLSv1.2"
+    tls13_only = certs.client_context()
+    tls13_only.minimum_version = ssl.TLSVersion.TLSv1_3
+    with pytest.raises(ssl.SSLError):
+        get(server.url, context=tls13_only)
+
+
+def test_cipher_suites_are_the_only_ones_offered(start_server: StartServer, certs: Certs) -> None:
+    server = start_server(
+        tls_config(
+            certs,
+            max_version="TLS12",
+            cipher_suites="[TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384]",
+        )
+    )
+    assert negotiated(server.url, certs.client_context())[1] == "ECDHE-ECDSA-AES256-GCM-SHA384"
+    other = certs.client_context(maximum_version=ssl.TLSVersion.TLSv1_2)
+    other.set_ciphers("ECDHE-ECDSA-AES128-GCM-SHA256")
+    with pytest.raises(ssl.SSLError):
+        get(server.url, context=other)
+
+
+def test_server_cipher_preference_follows_the_list(start_server: StartServer, certs: Certs) -> None:
+    listed = "[TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384]"
+    client = certs.client_context(maximum_version=ssl.TLSVersion.TLSv1_2)
+    client.set_ciphers("ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-ECDSA-AES128-GCM-SHA256")
+    server = start_server(tls_config(certs, max_version="TLS12", cipher_suites=listed))
+    assert negotiated(server.url, client)[1] == "ECDHE-ECDSA-AES128-GCM-SHA256"
+
+
+def test_a_single_curve_is_enforced(start_server: StartServer, certs: Certs) -> None:
+    server = start_server(tls_config(certs, curve_preferences="[CurveP384]"))
+    p256_only = certs.client_context()
+    p256_only.set_ecdh_curve("prime256v1")
+    with pytest.raises(ssl.SSLError):
+        get(server.url, context=p256_only)
+    p384 = certs.client_context()
+    p384.set_ecdh_curve("secp384r1")
+    assert get(server.url, context=p384).status == 200
+
+
+@pytest.mark.parametrize(
+    ("allowed", "admitted"),
+    [("[prometheus.kvcap.test]", True), ("[grafana.kvcap.test, 10.0.0.1]", False)],
+)
+def test_client_allowed_sans(
+    start_server: StartServer, certs: Certs, allowed: str, admitted: bool
+) -> None:
+    server = start_server(
+        tls_config(
+            certs,
+            client_auth_type="RequireAndVerifyClientCert",
+            client_ca_file=str(certs.ca),
+            client_allowed_sans=allowed,
+        )
+    )
+    context = certs.client_context(client="right")
+    if admitted:
+        assert get(server.url, context=context).status == 200
+    else:
+        with pytest.raises(REFUSED):
+            get(server.url, context=context)

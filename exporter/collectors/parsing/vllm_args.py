@@ -3,15 +3,18 @@
     parse_vllm_serve_args("/models/x -tp 2 --max-model-len 32k") -> VllmServeArgs(...)
     parse_vllm_serve_args(["python3", "-m", "vllm.entrypoints.openai.api_server", ...])
 
-It reads the argument string the Helm chart hands to both containers (`--vllm.args`) or
-an argv list from /proc/<pid>/cmdline. Like vLLM's FlexibleArgumentParser it takes
-`--flag=value` and `--flag value`, underscores for dashes, and the last of a repeated
-flag. Flags it does not know are skipped with their value, if any.
+It reads the argument string the Helm chart hands to both containers (`--vllm.args`),
+an argv list from /proc/<pid>/cmdline, or the command line given to `kvcap-exporter
+capacity`. Like vLLM's FlexibleArgumentParser it takes `--flag=value` and `--flag value`,
+underscores for dashes, the last of a repeated flag, and `--config FILE.yaml` (its keys
+are flags; the command line wins). Flags it does not know are skipped with their value,
+if any, and listed in `ignored`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import re
@@ -20,8 +23,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from exporter.capacity import EngineSettings
-from exporter.errors import ConfigError
+from exporter.errors import ConfigError, UsageError
 from exporter.units import parse_count, parse_size
 
 
@@ -49,6 +54,13 @@ class VllmServeArgs:
     mamba_cache_dtype: str | None = None
     mamba_ssm_cache_dtype: str | None = None
     kv_cache_memory_bytes: int | None = None
+    mamba_cache_mode: str | None = None
+    max_num_seqs: int | None = None
+    revision: str | None = None
+    config_file: str | None = None  # --config FILE.yaml, already merged when it was read
+    speculative: SpeculativeConfig | None = None
+    # Flags that do not change capacity, as typed; not part of equality, for the same reason.
+    ignored: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     @property
     def model_name(self) -> str | None:
@@ -56,20 +68,51 @@ class VllmServeArgs:
         return self.served_model_name or self.model
 
 
-def parse_vllm_serve_args(args: str | Sequence[str]) -> VllmServeArgs:
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """`--speculative-config` (a JSON object), the fields that bear on KV capacity."""
+
+    method: str | None
+    model: str | None
+    num_speculative_tokens: int | None
+
+    def describe(self) -> str:
+        parts = [
+            f"method {self.method or 'unset'}",
+            f"draft model {self.model}" if self.model else "",
+            f"{self.num_speculative_tokens} speculative tokens"
+            if self.num_speculative_tokens is not None
+            else "",
+        ]
+        return ", ".join(part for part in parts if part)
+
+
+def parse_vllm_serve_args(
+    args: str | Sequence[str], *, read_config: Callable[[str], str] | None = None
+) -> VllmServeArgs:
     """Read a `vllm serve` argument string or argv list; raises ConfigError naming a flag.
 
     A string is split as a POSIX shell would (shlex). A leading launcher (`vllm serve`,
     `python -m vllm.entrypoints.openai.api_server`, ...) is skipped. The model is the first
-    positional argument, else `--model`.
+    positional argument, else `--model`. `read_config` returns the text of the file that
+    `--config` names; without it the file is only recorded in `config_file`.
     """
     try:
         tokens = shlex.split(args) if isinstance(args, str) else list(args)
     except ValueError as error:  # an unbalanced quote
-        raise ConfigError(f"cannot split the vLLM arguments: {error}") from None
+        raise UsageError(f"cannot split the vLLM arguments: {error}") from None
+    tokens = without_launcher(tokens)
+    config_file = _config_file(tokens)
+    if config_file is not None and read_config is not None:
+        # vLLM puts the file's flags first, so the command line wins over the file.
+        tokens = [*config_tokens(config_file, read_config), *tokens]
+    return _parse_tokens(tokens)
+
+
+def _parse_tokens(tokens: list[str]) -> VllmServeArgs:
     values: dict[str, Any] = {}  # VllmServeArgs fields, typed by the converters
     positionals: list[str] = []
-    tokens = _after_launcher(tokens)
+    ignored: list[str] = []
     index = 0
     while index < len(tokens):
         token = tokens[index]
@@ -95,16 +138,76 @@ def parse_vllm_serve_args(args: str | Sequence[str]) -> VllmServeArgs:
             field, convert = _FLAGS[flag]
             if not has_value:
                 if index >= len(tokens) or _is_flag(tokens[index]):
-                    raise ConfigError(f"{flag} needs a value")
+                    raise UsageError(f"{flag} needs a value")
                 value = tokens[index]
                 index += 1
             values[field] = convert(flag, value)
         elif not has_value and index < len(tokens) and _swallows(flag, tokens[index]):
+            ignored.append(f"{token} {tokens[index]}")
             index += 1
+        else:
+            ignored.append(token)
     # `vllm serve` prefers the positional model over --model (cli/serve.py).
     if positionals:
         values["model"] = positionals[0]
-    return dataclasses.replace(VllmServeArgs(), **values)
+    ignored.extend(positionals[1:])
+    return dataclasses.replace(VllmServeArgs(), **values, ignored=tuple(ignored))
+
+
+# --- --config FILE.yaml ---------------------------------------------------------------
+
+
+def _config_file(tokens: list[str]) -> str | None:
+    """The value of the last `--config` before any `--`."""
+    found = None
+    for index, token in enumerate(tokens):
+        if token == "--":
+            break
+        if token == "--config" and index + 1 < len(tokens):
+            found = tokens[index + 1]
+        elif token.startswith("--config="):
+            found = token.partition("=")[2]
+    return found
+
+
+def config_tokens(path: str, read_config: Callable[[str], str]) -> list[str]:
+    """The flags a vLLM YAML config file stands for: `max_model_len: 8192` is
+    `--max-model-len 8192`, `true` a bare switch, `false` its `--no-` form, a list the
+    flag's values, a mapping JSON (as vLLM's `load_config_file` does)."""
+    try:
+        text = read_config(path)
+    except OSError as error:
+        raise ConfigError(f"--config {path}: cannot read it: {error.strerror or error}") from None
+    except ValueError as error:  # not UTF-8, or a NUL byte in the path
+        raise ConfigError(f"--config {path}: cannot read it: {error}") from None
+    try:
+        document = yaml.safe_load(text)
+    except Exception as error:  # PyYAML raises plain Python errors for odd tags, too
+        raise ConfigError(f"--config {path}: not valid YAML: {error}") from None
+    if document is None:
+        return []
+    if not isinstance(document, dict):
+        raise ConfigError(f"--config {path}: must be a mapping of flag names to values")
+    tokens: list[str] = []
+    for key, value in document.items():
+        flag = "--" + str(key).replace("_", "-")
+        if flag == "--config":
+            continue  # vLLM refuses nesting; kvcap does not follow it either
+        if isinstance(value, bool):
+            tokens.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, list):
+            tokens.extend([flag, *(str(item) for item in value)])
+        elif isinstance(value, dict):
+            tokens.extend([flag, json.dumps(value)])
+        elif value is not None:
+            tokens.extend([flag, str(value)])
+    return tokens
+
+
+def vllm_flag_value(flag: str, text: str) -> tuple[str, object]:
+    """(VllmServeArgs field, value) of one known flag's value, converted as in a command."""
+    field, convert = _FLAGS[flag]
+    return field, convert(flag, text)
 
 
 def to_engine_settings(args: VllmServeArgs) -> EngineSettings:
@@ -126,7 +229,7 @@ _API_SERVER_MODULES = frozenset(
 _CLI_MODULES = frozenset({"vllm.entrypoints.cli.main"})
 
 
-def _after_launcher(tokens: list[str]) -> list[str]:
+def without_launcher(tokens: list[str]) -> list[str]:
     """The tokens after `[python ...] vllm serve` or `python -m <api server module>`."""
     if tokens[:1] == ["serve"]:
         return tokens[1:]
@@ -163,7 +266,7 @@ def _split_flag(token: str) -> tuple[str, bool, str]:
 
 def _literal(flag: str, value: str) -> bool:
     if value.lower() not in _LITERALS:
-        raise ConfigError(f"{flag} takes no value or true/false, got {value!r}")
+        raise UsageError(f"{flag} takes no value or true/false, got {value!r}")
     return value.lower() == "true"
 
 
@@ -177,7 +280,7 @@ def _greedy_values(
     while index < len(tokens) and not _is_flag(tokens[index]):
         index += 1
     if index == start:
-        raise ConfigError(f"{flag} needs a value")
+        raise UsageError(f"{flag} needs a value")
     return tokens[start:index], index
 
 
@@ -231,9 +334,9 @@ def _integer(minimum: int) -> Callable[[str, str], int]:
         try:
             value = int(text)  # what argparse's type=int accepts
         except ValueError:
-            raise ConfigError(f"{flag} must be an integer, got {text!r}") from None
+            raise UsageError(f"{flag} must be an integer, got {text!r}") from None
         if value < minimum:
-            raise ConfigError(f"{flag} must be at least {minimum}, got {value}")
+            raise UsageError(f"{flag} must be at least {minimum}, got {value}")
         return value
 
     return convert
@@ -244,9 +347,9 @@ def _count(flag: str, text: str) -> int:
     try:
         value = parse_count(text)
     except ConfigError as error:
-        raise ConfigError(f"{flag}: {error}") from None
+        raise UsageError(f"{flag}: {error}") from None
     if value < 1:
-        raise ConfigError(f"{flag} must be a positive integer, got {text!r}")
+        raise UsageError(f"{flag} must be a positive integer, got {text!r}")
     return value
 
 
@@ -261,23 +364,50 @@ def _bytes(flag: str, text: str) -> int:
     try:
         return parse_size(text)
     except ConfigError as error:
-        raise ConfigError(f"{flag}: {error}") from None
+        raise UsageError(f"{flag}: {error}") from None
 
 
 def _fraction(flag: str, text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"{flag} must be a number, got {text!r}") from None
+        raise UsageError(f"{flag} must be a number, got {text!r}") from None
     # vLLM's CacheConfig: gt=0, le=1.
     if not (math.isfinite(value) and 0 < value <= 1):
-        raise ConfigError(f"{flag} must be in (0, 1], got {text!r}")
+        raise UsageError(f"{flag} must be in (0, 1], got {text!r}")
     return value
+
+
+def _speculative(flag: str, text: str) -> SpeculativeConfig:
+    try:
+        document = json.loads(text)
+    except ValueError:
+        raise UsageError(f"{flag} must be a JSON object, got {text[:60]!r}") from None
+    if not isinstance(document, dict):
+        raise UsageError(f"{flag} must be a JSON object, got {text[:60]!r}")
+    tokens = document.get("num_speculative_tokens")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)):
+        raise UsageError(f"{flag}: num_speculative_tokens must be an integer, got {tokens!r}")
+    method, model = document.get("method"), document.get("model")
+    return SpeculativeConfig(
+        method=None if method is None else str(method),
+        model=None if model is None else str(model),
+        num_speculative_tokens=tokens,
+    )
+
+
+def _mamba_cache_mode(flag: str, text: str) -> str:
+    if text not in _MAMBA_CACHE_MODES:
+        raise UsageError(f"{flag} must be one of {', '.join(_MAMBA_CACHE_MODES)}, got {text!r}")
+    return text
+
+
+_MAMBA_CACHE_MODES = ("none", "align", "all")
 
 
 def _text(flag: str, text: str) -> str:
     if not text:
-        raise ConfigError(f"{flag} needs a non-empty value")
+        raise UsageError(f"{flag} needs a non-empty value")
     return text
 
 
@@ -311,6 +441,11 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "--mamba-cache-dtype": ("mamba_cache_dtype", _text),
     "--mamba-ssm-cache-dtype": ("mamba_ssm_cache_dtype", _text),
     "--kv-cache-memory-bytes": ("kv_cache_memory_bytes", _bytes),
+    "--mamba-cache-mode": ("mamba_cache_mode", _mamba_cache_mode),
+    "--max-num-seqs": ("max_num_seqs", _POSITIVE),
+    "--revision": ("revision", _text),
+    "--config": ("config_file", _text),
+    "--speculative-config": ("speculative", _speculative),
 }
 
 _BOOLEANS: dict[str, tuple[str, bool]] = {

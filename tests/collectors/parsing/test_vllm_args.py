@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -189,8 +190,6 @@ SWITCHES = [
     "-O3",
 ]
 VALUED = [
-    "--config some.yaml",
-    "--config=some.yaml",
     "--port 8000",
     "--host=0.0.0.0",
     "-q awq",
@@ -353,3 +352,36 @@ def test_every_flag_fills_a_field() -> None:
     settings = {field.name for field in dataclasses.fields(EngineSettings)}
     settings -= {"platform", "vllm_version"}
     assert settings <= fields
+
+
+def test_config_file_flags_come_first_so_the_command_line_wins() -> None:
+    files = {"/etc/vllm.yaml": "tensor_parallel_size: 2\nmax-model-len: 16k\nmodel: /m\n"
+             "enable-prefix-caching: false\nserved_model_name: [a, b]\n"
+             "speculative_config: {method: ngram, num_speculative_tokens: 4}\n"}  # fmt: skip
+    args = parse_vllm_serve_args(
+        "vllm serve --config /etc/vllm.yaml -tp 4", read_config=files.__getitem__
+    )
+    assert args.tensor_parallel_size == 4
+    assert args.max_model_len == 16000
+    assert args.model == "/m"
+    assert args.enable_prefix_caching is False
+    assert args.served_model_name == "a"
+    assert args.speculative is not None
+    assert args.speculative.num_speculative_tokens == 4
+    assert args.config_file == "/etc/vllm.yaml"
+    # Without a reader the file is only recorded (the pure parser does no I/O).
+    assert parse_vllm_serve_args("m --config /etc/vllm.yaml").tensor_parallel_size is None
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [("[1, 2]", "must be a mapping"), ("a: [", "not valid YAML")],
+)
+def test_a_bad_config_file_names_the_flag(text: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=f"--config f.yaml: {re.escape(problem)}"):
+        parse_vllm_serve_args("m --config f.yaml", read_config=lambda path: text)
+
+
+def test_unknown_flags_are_listed_as_ignored() -> None:
+    args = parse_vllm_serve_args("m --port 8000 --trust-remote-code -O3 --enable-chunked-prefill")
+    assert args.ignored == ("--port 8000", "--trust-remote-code", "-O3", "--enable-chunked-prefill")

@@ -1,0 +1,234 @@
+"""What one `kvcap-exporter capacity` run works from: the vLLM command line, the model's
+files, and the KV cache memory of each worker (with where that number came from)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from exporter.capacity import EngineSettings
+from exporter.capacity.hf_config import HfConfig
+from exporter.capacity.releases import ReleaseRules, parse_version, release_rules
+from exporter.capacity.settings import dtype_bytes
+from exporter.capacity_cli.memory import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    MemoryEstimate,
+    estimate_parameters,
+    parse_gpu_memory,
+)
+from exporter.collectors.parsing import VllmServeArgs, parse_vllm_serve_args, to_engine_settings
+from exporter.collectors.parsing.vllm_args import without_launcher
+from exporter.errors import ConfigError, KvcapError, UsageError
+from exporter.model_config import ResolvedModel, load_model_config, resolve_model
+
+# The platform planned for without `--platform`.
+PLATFORM = "cuda"
+
+
+@dataclass(frozen=True, slots=True)
+class KvMemory:
+    """The KV cache size of each worker, or the engine's block count, and its provenance."""
+
+    source: str
+    exact: bool
+    bytes_per_worker: int | None = None
+    num_gpu_blocks: int | None = None
+    estimate: MemoryEstimate | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityInputs:
+    """Everything a run used, echoed before the result."""
+
+    vllm: VllmServeArgs
+    model: ResolvedModel
+    config: Mapping[str, Any]
+    settings: EngineSettings
+    memory: KvMemory
+    not_modelled: tuple[str, ...]
+    notes: tuple[str, ...]
+    vllm_version: str  # the release whose rules plan (`--vllm-version`, else the newest)
+    platform: str = PLATFORM
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.vllm.data_parallel_size or 1
+
+
+def vllm_command(args: argparse.Namespace) -> VllmServeArgs:
+    """The vLLM flags of a capacity run: `--vllm-command "..."`, then what follows `--`,
+    then loose vLLM flags given to `capacity` itself; a later flag wins, as in vLLM."""
+    tokens: list[str] = []
+    if args.vllm_command:
+        tokens += without_launcher(_split(args.vllm_command))
+    tokens += without_launcher(list(args.vllm_tail or []))
+    tokens += list(args.vllm_tokens or [])
+    tokens, legacy_model = _legacy_config(tokens)
+    parsed = parse_vllm_serve_args(["serve", *tokens], read_config=_read_text)
+    if parsed.model is None and legacy_model is not None:
+        parsed = dataclasses.replace(parsed, model=legacy_model)
+    return parsed
+
+
+def _split(text: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError as error:
+        raise UsageError(f"--vllm-command: cannot split it: {error}") from None
+
+
+def _read_text(path: str) -> str:
+    return Path(path).read_text(encoding="utf-8")
+
+
+def _legacy_config(tokens: list[str]) -> tuple[list[str], str | None]:
+    """`--config DIR` or `--config config.json` named the model before kvcap followed
+    vLLM's `--config FILE.yaml`; such a value is still taken as the model."""
+    for index, token in enumerate(tokens):
+        value = None
+        if token == "--config" and index + 1 < len(tokens):
+            value, end = tokens[index + 1], index + 2
+        elif token.startswith("--config="):
+            value, end = token.partition("=")[2], index + 1
+        if value is not None and (value.endswith(".json") or Path(value).is_dir()):
+            return tokens[:index] + tokens[end:], value
+    return tokens, None
+
+
+def build_inputs(args: argparse.Namespace, vllm: VllmServeArgs) -> CapacityInputs:
+    if vllm.model is None:
+        raise UsageError(
+            "give the model: `capacity -- vllm serve MODEL ...`, `capacity MODEL ...` or "
+            "--vllm-command 'vllm serve MODEL ...' (MODEL: a folder, a config.json or a "
+            "Hugging Face id in the local HF cache)"
+        )
+    model = resolve_model(vllm.model, revision=vllm.revision)
+    config = load_model_config(model.config_file)
+    return inputs_for(args, vllm, model, config)
+
+
+def inputs_for(
+    args: argparse.Namespace,
+    vllm: VllmServeArgs,
+    model: ResolvedModel,
+    config: Mapping[str, Any],
+) -> CapacityInputs:
+    """The inputs for one combination of settings (a sweep calls this once per row)."""
+    platform = args.platform or PLATFORM
+    release = _release(args.vllm_version)
+    settings = dataclasses.replace(
+        to_engine_settings(vllm), platform=platform, vllm_version=args.vllm_version
+    )
+    memory = kv_memory(args, vllm, settings, model, config)
+    return CapacityInputs(
+        vllm_version=release.version,
+        platform=platform,
+        vllm=vllm,
+        model=model,
+        config=config,
+        settings=settings,
+        memory=memory,
+        not_modelled=_not_modelled(vllm),
+        notes=_notes(vllm),
+    )
+
+
+def _release(version: str | None) -> ReleaseRules:
+    if version is not None:
+        try:
+            parse_version(version)
+        except ConfigError as error:  # not a release number at all: the flag is wrong
+            raise UsageError(f"--vllm-version: {error}") from None
+    return release_rules(version)  # older than kvcap models: a ConfigError of kvcap's
+
+
+def kv_memory(
+    args: argparse.Namespace,
+    vllm: VllmServeArgs,
+    settings: EngineSettings,
+    model: ResolvedModel,
+    config: Mapping[str, Any],
+) -> KvMemory:
+    """The most exact of: the engine's known block count, vLLM's block override, an
+    explicit KV cache size, an estimate from the GPU's memory."""
+    if args.num_gpu_blocks is not None:
+        return KvMemory(
+            "--num-gpu-blocks (the engine's block count)", True, None, args.num_gpu_blocks
+        )
+    if vllm.num_gpu_blocks_override is not None:
+        return KvMemory("--num-gpu-blocks-override", True, None, vllm.num_gpu_blocks_override)
+    if args.available_kv_bytes is not None:
+        return KvMemory("--available-kv-bytes (exact)", True, args.available_kv_bytes)
+    if vllm.kv_cache_memory_bytes is not None:
+        source = "--kv-cache-memory-bytes (exact: vLLM skips memory profiling)"
+        return KvMemory(source, True, vllm.kv_cache_memory_bytes)
+    if args.gpu_memory is not None:
+        estimate = MemoryEstimate(
+            gpu=parse_gpu_memory(args.gpu_memory),
+            utilization=vllm.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION,
+            **_weights(model, config, settings),
+            world_size=settings.world_size,
+        )
+        return KvMemory(estimate.describe(), False, estimate.kv_bytes, estimate=estimate)
+    raise UsageError(
+        "give the KV cache memory: --kv-cache-memory-bytes SIZE per GPU (exact), "
+        "--num-gpu-blocks-override N, --num-gpu-blocks N (from the engine's log), or "
+        "--gpu-memory GiB|GPU name (an estimate)"
+    )
+
+
+def _weights(
+    model: ResolvedModel, config: Mapping[str, Any], settings: EngineSettings
+) -> dict[str, Any]:
+    index = model.folder / "model.safetensors.index.json"
+    try:
+        document = json.loads(index.read_text(encoding="utf-8"))
+        total = document["metadata"]["total_size"]
+        if type(total) is int and total > 0:
+            return {"weights_bytes": total, "weights_source": f"total_size of {index.name}"}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    single = model.folder / "model.safetensors"
+    if single.is_file():
+        return {"weights_bytes": single.stat().st_size, "weights_source": "model.safetensors"}
+    try:
+        element = dtype_bytes(HfConfig(config).model_dtype(settings.dtype))
+    except KvcapError:
+        element = 2
+    params = estimate_parameters(config)
+    if params == 0:
+        raise ConfigError(
+            f"{model.config_file}: too few shapes to estimate the weights; give "
+            "--kv-cache-memory-bytes"
+        )
+    source = f"~{params / 1e9:.1f}B parameters estimated from config.json x {element} bytes"
+    return {"weights_bytes": params * element, "weights_source": source}
+
+
+def _not_modelled(vllm: VllmServeArgs) -> tuple[str, ...]:
+    lines = []
+    if vllm.speculative is not None:
+        lines.append(
+            f"--speculative-config ({vllm.speculative.describe()}): not modelled; the draft "
+            "model's KV cache groups and extra Mamba speculative blocks are not counted, so "
+            "vLLM's numbers will be lower than these"
+        )
+    return tuple(lines)
+
+
+def _notes(vllm: VllmServeArgs) -> tuple[str, ...]:
+    lines = []
+    if vllm.gpu_memory_utilization is not None and vllm.kv_cache_memory_bytes is not None:
+        lines.append("--gpu-memory-utilization has no effect with --kv-cache-memory-bytes")
+    if vllm.max_num_seqs is not None:
+        lines.append(
+            f"--max-num-seqs {vllm.max_num_seqs} caps running requests; it does not change "
+            "the KV cache plan"
+        )
+    return tuple(lines)

@@ -1,0 +1,114 @@
+"""`--sweep max-model-len=8k,32k,128k --sweep tp=1,2`: one row per combination of values,
+the planner's "what fits, at what concurrency" in one command."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.capacity_cli.memory import GIB
+from exporter.capacity_cli.report import Outcome, table
+from exporter.collectors.parsing import VllmServeArgs
+from exporter.collectors.parsing.vllm_args import vllm_flag_value
+from exporter.errors import UsageError
+
+
+@dataclass(frozen=True, slots=True)
+class Axis:
+    """One swept setting: its name on --sweep, the vLLM flag and the VllmServeArgs field."""
+
+    name: str
+    flag: str
+    field: str
+    values: tuple[Any, ...]
+
+
+# --sweep names (short and as vLLM spells the flag) -> (vLLM flag, column title).
+AXES: dict[str, tuple[str, str]] = {
+    "max-model-len": ("--max-model-len", "max-model-len"),
+    "tp": ("--tensor-parallel-size", "tp"),
+    "tensor-parallel-size": ("--tensor-parallel-size", "tp"),
+    "pp": ("--pipeline-parallel-size", "pp"),
+    "pipeline-parallel-size": ("--pipeline-parallel-size", "pp"),
+    "kv-cache-dtype": ("--kv-cache-dtype", "kv-cache-dtype"),
+    "gpu-memory-utilization": ("--gpu-memory-utilization", "gpu-mem-util"),
+    "block-size": ("--block-size", "block-size"),
+    "max-num-batched-tokens": ("--max-num-batched-tokens", "max-batched"),
+}
+
+
+def parse_axis(text: str) -> Axis:
+    name, equals, values = text.partition("=")
+    key = name.strip().lstrip("-").replace("_", "-")
+    if not equals or key not in AXES:
+        known = ", ".join(sorted({k for k in AXES if "-" in k or k in ("tp", "pp")}))
+        raise UsageError(f"--sweep {text!r}: give SETTING=V1,V2,... with SETTING one of {known}")
+    flag, _ = AXES[key]
+    parts = [part.strip() for part in values.split(",") if part.strip()]
+    if not parts:
+        raise UsageError(f"--sweep {text!r}: no values")
+    field, converted = zip(*(vllm_flag_value(flag, part) for part in parts), strict=True)
+    return Axis(key, flag, field[0], tuple(converted))
+
+
+def combinations(base: VllmServeArgs, axes: Sequence[Axis]) -> list[VllmServeArgs]:
+    """Every combination, the first axis varying slowest."""
+    if len({axis.field for axis in axes}) != len(axes):
+        raise UsageError("--sweep: each setting may be swept once")
+    rows = []
+    for values in itertools.product(*(axis.values for axis in axes)):
+        changes = {axis.field: value for axis, value in zip(axes, values, strict=True)}
+        rows.append(dataclasses.replace(base, **changes))
+    return rows
+
+
+def sweep_rows(
+    axes: Sequence[Axis], outcomes: Sequence[Outcome | Exception]
+) -> tuple[list[str], list[list[str]]]:
+    header = [AXES[axis.name][1] for axis in axes]
+    header += ["KV GiB/worker", "blocks", "KV tokens", "tokens/request", "concurrency", "result"]
+    rows = []
+    for outcome in outcomes:
+        if isinstance(outcome, Exception):
+            rows.append(["?" for _ in axes] + ["-", "-", "-", "-", "-", f"error: {outcome}"])
+            continue
+        cells = [_cell(getattr(outcome.inputs.vllm, axis.field)) for axis in axes]
+        memory = outcome.inputs.memory
+        kv = "-" if memory.bytes_per_worker is None else f"{memory.bytes_per_worker / GIB:.2f}"
+        if not memory.exact:
+            kv += " (est.)"
+        result, refusal = outcome.result, outcome.refusal
+        if result is not None:
+            cells += [
+                kv,
+                f"{result.num_gpu_blocks:,}",
+                f"{result.kv_cache_size_tokens:,}",
+                f"{result.max_model_len:,}",
+                f"{result.max_concurrency:.2f}x",
+                "fits",
+            ]
+        else:
+            longest = refusal.estimated_max_model_len if refusal is not None else None
+            hint = f" (longest that fits: {longest:,})" if longest else ""
+            cells += [kv, "-", "-", "-", "-", f"does not fit{hint}"]
+        rows.append(cells)
+    return header, rows
+
+
+def sweep_text(
+    axes: Sequence[Axis], outcomes: Sequence[Outcome | Exception], used: Callable[[], list[str]]
+) -> str:
+    header, rows = sweep_rows(axes, outcomes)
+    swept = ", ".join(axis.flag for axis in axes)
+    lines = [*used(), "", f"sweep over {swept}: one row per combination", ""]
+    lines += table([header, *rows])
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "auto" if value == -1 else f"{value:,}"
+    return "default" if value is None else str(value)
