@@ -1,0 +1,63 @@
+"""The release table: which rule set a vLLM version plans with."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.capacity.releases import NEWEST, RELEASES, parse_version, release_rules
+from exporter.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("version", "number"),
+    [
+        ("0.18.1", (0, 18, 1)),
+        ("0.32.0+cpu", (0, 32, 0)),
+        ("v0.11.1rc2", (0, 11, 1)),
+        ("0.10.2.dev5+g1234", (0, 10, 2)),
+        ("0.30", (0, 30, 0)),
+    ],
+)
+def test_release_numbers_are_read_as_vllm_writes_them(
+    version: str, number: tuple[int, ...]
+) -> None:
+    assert parse_version(version) == number
+
+
+@pytest.mark.parametrize("version", ["latest", "", "x0.1", "0"])
+def test_a_version_that_is_no_release_number_is_refused(version: str) -> None:
+    with pytest.raises(ConfigError, match="not a vLLM release number"):
+        release_rules(version)
+
+
+def test_entries_are_in_release_order_and_each_names_what_it_follows() -> None:
+    releases = [entry.release for entry in RELEASES]
+    assert releases == sorted(releases)
+    assert len(set(releases)) == len(releases)
+    assert all(entry.prs or entry is RELEASES[0] or entry is NEWEST for entry in RELEASES)
+
+
+@pytest.mark.parametrize(
+    ("version", "rules_of", "approximate"),
+    [
+        ("0.18.1", "0.10.0", False),
+        ("0.20.0", "0.10.0", False),
+        ("0.20.1", "0.20.1", False),
+        ("0.28.3", "0.27.0", False),  # between two entries: the older one
+        ("0.33.0", "0.33.0", False),
+        ("0.33.2", "0.33.0", False),
+        ("0.34.0", "0.33.0", True),  # newer than the newest: the newest, approximate
+        (None, NEWEST.name, False),
+    ],
+)
+def test_a_release_plans_with_the_newest_entry_not_after_it(
+    version: str | None, rules_of: str, approximate: bool
+) -> None:
+    rules = release_rules(version)
+    assert rules.rules.name == rules_of
+    assert rules.approximate is approximate
+
+
+def test_releases_before_the_oldest_entry_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"older than 0\.10\.0"):
+        release_rules("0.9.2")
