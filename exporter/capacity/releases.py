@@ -34,8 +34,10 @@ class RuleSet:
     """How one vLLM release plans and logs KV capacity."""
 
     release: tuple[int, int, int]
-    # The pull request(s) whose change this entry makes, vs the entry before it.
+    # The pull request(s) whose change this entry makes, vs the entry before it; where the
+    # PR is not known, `source` names the code the rule was read from.
     prs: tuple[str, ...]
+    source: str = ""
     log_figure: LogFigure
     log_one_line: bool  # one combined "... KV cache size: N tokens, Maximum ..." line
     log_names_device: bool  # "CPU KV cache size" on CPU (else "GPU" everywhere)
@@ -52,6 +54,8 @@ class RuleSet:
     # to float32 on AVX-512 BF16 hosts (before: on AMX hosts only).
     cpu_kernel_block_multiple: int
     cpu_ssm_float32: bool
+    # Mamba2 layers keep one prefill-checkpoint state block per request in align mode.
+    mamba2_prefill_checkpoint: bool
 
     @property
     def name(self) -> str:
@@ -71,14 +75,18 @@ _FIRST = RuleSet(
     hybrid_prefix_caching=False,
     cpu_kernel_block_multiple=16,
     cpu_ssm_float32=False,
+    mamba2_prefill_checkpoint=False,
 )
 
 
 def _releases() -> tuple[RuleSet, ...]:
     entries = [_FIRST]
 
-    def change(release: tuple[int, int, int], prs: tuple[str, ...], **rules: object) -> None:
-        entries.append(replace(entries[-1], release=release, prs=prs, **rules))  # type: ignore[arg-type]
+    def change(
+        release: tuple[int, int, int], prs: tuple[str, ...], source: str = "", **rules: object
+    ) -> None:
+        entry = replace(entries[-1], release=release, prs=prs, source=source, **rules)  # type: ignore[arg-type]
+        entries.append(entry)
 
     # The log figure becomes the group-aware capacity (cherry-picked into 0.20.1).
     change((0, 20, 1), ("#41069",), log_figure="concurrency")
@@ -106,8 +114,15 @@ def _releases() -> tuple[RuleSet, ...]:
         cpu_kernel_block_multiple=32,
         cpu_ssm_float32=True,
     )
+    # Mamba2 mixers export prefill checkpoints (mamba_mixer2.py: num_prefill_checkpoint_blocks=1).
+    change(
+        (0, 32, 0),
+        (),
+        source="model_executor/layers/mamba/mamba_mixer2.py (PR not identified)",
+        mamba2_prefill_checkpoint=True,
+    )
     # Planning code moves to kv_cache_planning.py; the figures do not change.
-    change((0, 33, 0), ())
+    change((0, 33, 0), (), source="v1/core/kv_cache_planning.py (no figure changes)")
     return tuple(entries)
 
 

@@ -70,7 +70,7 @@ def mamba2_layer(
         ),
         dtypes=(ctx.mamba_conv_dtype, ssm_dtype),
         mamba_type="mamba2",
-        exports_prefill_checkpoint=True,
+        exports_prefill_checkpoint=ctx.settings.release.rules.mamba2_prefill_checkpoint,
     )
 
 
