@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import urllib.request
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collectors.kv_events import KvEventsCollector, KvEventsSettings
+from exporter.demo import demo_running
 from exporter.serve import Exporter
 from exporter.state import KvEventsEndpoint
 from tests.collectors.test_kv_events import wait_for
@@ -69,3 +71,27 @@ def test_residency_is_scraped_per_engine_and_group() -> None:
     finally:
         exporter.stop()
         publisher.close()
+
+
+def test_the_demo_publishes_kv_events_that_kvcap_follows_exactly(tmp_path: Path) -> None:
+    """The simulated deployment's publishers (vLLM's wire protocol, replay included): kvcap
+    finds them in /kv_event_sources, joins late and replays from 0, so it is exact."""
+    with demo_running(tmp_path, poll_interval_s=0.2) as (_, exporter):
+
+        def residency() -> dict[tuple[str, str], float]:
+            with urllib.request.urlopen(f"{exporter.server.url}/metrics", timeout=5) as r:
+                body = r.read().decode()
+            return {
+                (s.labels["engine"], s.labels["group"]): s.value
+                for f in text_string_to_metric_families(body)
+                if f.name == "kvcap_prefix_cache_resident_blocks"
+                for s in f.samples
+            }
+
+        wait_for(lambda: len(residency()) == 4, "two engines x two KV cache groups")
+        with urllib.request.urlopen(f"{exporter.server.url}/engines", timeout=5) as response:
+            engines = json.load(response)["engines"]
+        for engine in engines:
+            assert engine["prefix_cache"]["approximate"] is False, engine["prefix_cache"]
+            kinds = {g["group"]: g["kind"] for g in engine["prefix_cache"]["groups"]}
+            assert kinds == {0: "full_attention", 1: "sliding_window"}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from exporter.capacity import EngineSettings
+from exporter.collectors.kv_events import KvEventsCollector, KvEventsSettings
 from exporter.collectors.parsing import parse_vllm_serve_args
 from exporter.collectors.vllm_http import VllmHttpCollector, VllmHttpSettings
 from exporter.demo.simulated_vllm import SimulatedVllm
@@ -73,8 +74,12 @@ def demo_running(
     simulation = simulated_deployment(models / DEMO_MODEL)
     simulation.start()
     try:
+        # The kv_events collector finds the publishers in /kv_event_sources.
+        kv_events = KvEventsCollector(KvEventsSettings(discovery_interval_s=poll_interval_s))
         exporter = Exporter(
-            [http_collector(simulation, poll_interval_s)], listen_address, web_config_file
+            [http_collector(simulation, poll_interval_s), kv_events],
+            listen_address,
+            web_config_file,
         )
         try:
             exporter.start()

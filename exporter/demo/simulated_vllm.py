@@ -1,7 +1,8 @@
 """A simulated vLLM deployment on loopback: the outermost-edge fake used by the demo and tests.
 
 It speaks vLLM 0.33's HTTP interfaces (/metrics, /v1/models, /version, /kv_event_sources)
-for a data-parallel deployment. Its capacity numbers are what vLLM
+for a data-parallel deployment, and publishes each engine's KV events on ZMQ
+(simulated_kv_events.py). Its capacity numbers are what vLLM
 would plan (from kvcap's capacity model, which reproduces vLLM's) and its load moves
 over time so dashboards have something to show.
 """
@@ -18,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from exporter.capacity import CapacityResult, EngineSettings, derive_capacity
+from exporter.demo.simulated_kv_events import SimulatedKvEvents
 
 
 @dataclass
@@ -39,7 +41,9 @@ class SimulatedVllm:
     version: str = "0.33.0"
     instance_id: str = "1764460800000000000"
     engines: dict[int, SimulatedEngine] = field(default_factory=dict)
+    kv_events: bool = True  # publish KV events (and report them in /kv_event_sources)
     _server: ThreadingHTTPServer | None = None
+    _publishers: SimulatedKvEvents | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -154,13 +158,18 @@ class SimulatedVllm:
                 ],
             },
             "/version": {"version": self.version},
-            "/kv_event_sources": {},
+            "/kv_event_sources": self._publishers.sources() if self._publishers else {},
         }
 
     # --- HTTP -----------------------------------------------------------------------
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         simulation = self
+        if self.kv_events and self._publishers is None:
+            self._publishers = SimulatedKvEvents(
+                self.data_parallel_size, block_size=self.plan.block_size or 16
+            )
+            self._publishers.start()
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -196,6 +205,9 @@ class SimulatedVllm:
         return f"http://{host!s}:{port}"
 
     def stop(self) -> None:
+        if self._publishers is not None:
+            self._publishers.stop()
+            self._publishers = None
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -46,6 +46,7 @@ ROWS = [
     "GPU memory and headroom",
     "Offload tier",
     "Exporter health",
+    "Prefix cache (KV events)",
 ]
 # The labels a PodMonitor gives the sidecar's series; the test Prometheus sets them as
 # static labels of its scrape target.
@@ -404,6 +405,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoPrometh
                 ("kvcap_kv_cache_headroom_tokens", 2),
                 ("vllm:kv_cache_usage_perc", 2),
                 ("vllm:num_preemptions_total", 2),
+                # Both engines' KV cache groups (full attention, sliding window).
+                ("kvcap_prefix_cache_resident_blocks", 4),
             ]:
                 server.wait_until(
                     lambda q=promql, n=count: len(server.query(q)) == n, f"{promql} x {count}"

@@ -39,6 +39,7 @@ EXPECTED_ALERTS = {
     "KvcapRequestsWaitingWithoutHeadroom",
     "KvcapCapacityDroppedAfterRestart",
     "KvcapEnginePreempting",
+    "KvcapPrefixCacheEvictedFast",
     "KvcapCapacityMismatch",
     "KvcapCapacityUnknown",
     "KvcapEngineStale",
@@ -121,6 +122,11 @@ BROKEN = {
         "max_over_time(kvcap_kv_cache_capacity_tokens[6h]))\n    for: 10m",
     ),
     "preemption threshold lowered": _replace("> 0.1", "> 0.01"),
+    "prefix lifetime threshold raised": _replace("< 10 * 60", "< 60 * 60"),
+    "prefix hit rate compared with itself": _replace(
+        "(rate(vllm:prefix_cache_hits_total[15m] offset 1h))",
+        "(rate(vllm:prefix_cache_hits_total[15m]))",
+    ),
     "totals count double scrapes twice": _replace(
         "max by (namespace, pod, instance, engine, model_name) (kvcap_kv_cache_capacity_tokens)",
         "sum by (namespace, pod, instance, engine, model_name, job) "
@@ -319,7 +325,8 @@ def test_rules_on_a_real_prometheus(live: tuple[SimulatedVllm, RulesPrometheus])
         ),
         "KvcapEngineStale pending for both engines",
     )
-    (down,) = prometheus.query('ALERTS{alertname="KvcapCollectorDown"}')
+    # (The kv_events collector's publishers went away with it too.)
+    (down,) = prometheus.query('ALERTS{alertname="KvcapCollectorDown", collector="vllm_http"}')
     assert down["metric"] | {"target": ""} == {
         "__name__": "ALERTS",
         "alertname": "KvcapCollectorDown",
