@@ -13,6 +13,8 @@ per KV cache group.
 from __future__ import annotations
 
 import json
+import random
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -21,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from tests.faults.harness import Scrape
-from tests.integration.prometheus import free_port
 from tests.kv_events_data import distinct_full_blocks
 from tests.live.models import VOCAB_SIZE, write_model
 from tests.live.server import VllmServer
@@ -49,6 +50,23 @@ class KvEventsServer:
     workdir: Path
 
 
+def publisher_port() -> int:
+    """A free port below the ephemeral range. vLLM binds its publisher a minute after it
+    starts; an ephemeral port (free_port's) is likely taken by then by one of the many
+    connections the sidecars open meanwhile ("Address already in use")."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12_000), low - 1)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port below the ephemeral range")
+
+
 def kv_events_server(
     workdir: Path,
     model: str,
@@ -57,7 +75,7 @@ def kv_events_server(
     ports: tuple[int, int] | None = None,
     **overrides: object,
 ) -> KvEventsServer:
-    events_port, replay_port = ports or (free_port(), free_port())
+    events_port, replay_port = ports or (publisher_port(), publisher_port())
     config = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
