@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -11,10 +12,12 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from exporter.cli import build_parser
+from exporter.demo import simulated_deployment
 
 
 class Started(subprocess.Popen[str]):
@@ -251,3 +254,62 @@ def test_no_argparse_internals_are_reached_for() -> None:
         text = source.read_text(encoding="utf-8")
         assert "._actions" not in text, source
         assert "_SubParsersAction" not in text, source
+
+
+def engines_with_warnings(url: str, deadline_s: float = 15.0) -> list[dict[str, Any]]:
+    """/engines once every engine has been derived or refused (a poll or two)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url + "/engines", timeout=5) as response:
+            engines: list[dict[str, Any]] = json.load(response)["engines"]
+        if engines and all(e["derived_kv_cache_size_tokens"] is not None for e in engines):
+            return engines
+        time.sleep(0.2)
+    raise AssertionError("the engines were never derived")
+
+
+@pytest.mark.parametrize("told", ["wrong", "right"])
+def test_settings_kvcap_is_told_are_checked_against_the_engine(tmp_path: Path, told: str) -> None:
+    """The issue's case: --vllm.args for Qwen at 8192 tokens beside Gemma at TP2/DP2 and
+    131,072 tokens. Each contradiction is logged once, listed in /engines and counted."""
+    simulation = simulated_deployment(tmp_path / "gemma")
+    simulation.start()
+    args = (
+        "Qwen/Qwen3-0.6B -tp 2 --max-model-len 8192" if told == "wrong" else (simulation.vllm_args)
+    )
+    try:
+        with start(
+            "serve", "--web.listen-address", "127.0.0.1:0", "--no-collector.handshake",
+            "--no-collector.nvml", "--vllm.url", simulation.url, "--vllm.poll-interval", "200ms",
+            "--vllm.args", args, "--model.config", str(tmp_path / "gemma"),
+        ) as process:  # fmt: skip
+            url = url_from(wait_for_log(process, "exporter_started"))
+            engines = engines_with_warnings(url)
+            time.sleep(1.0)  # several more polls that see the same contradictions
+            with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+                metrics = response.read().decode()
+            stop_within(process, signal.SIGTERM)
+            assert process.stderr is not None
+            log = process.stderr.read()
+    finally:
+        simulation.stop()
+    mismatches = [line for line in metrics.splitlines()
+                  if line.startswith("kvcap_engine_settings_mismatch{")]  # fmt: skip
+    logged = [line for line in log.splitlines() if "engine_settings_mismatch" in line]
+    if told == "right":
+        assert [e["settings_warnings"] for e in engines] == [[], []]
+        assert mismatches == []
+        assert logged == []
+        return
+    expected = {"served_model_name", "max_model_len", "data_parallel_size"}
+    for engine in engines:
+        assert {w["field"] for w in engine["settings_warnings"]} == expected
+        length = next(w for w in engine["settings_warnings"] if w["field"] == "max_model_len")
+        assert (length["told"], length["seen"], length["source"]) == (
+            "8192",
+            "131072",
+            "/v1/models",
+        )
+    assert len(mismatches) == 2 * len(expected)
+    assert 'field="max_model_len"' in " ".join(mismatches)
+    assert len(logged) == 2 * len(expected)  # once per engine and setting, not per poll

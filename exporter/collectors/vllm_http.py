@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from exporter.collectors.vllm_http_reports import (
 )
 from exporter.errors import ConfigError, KvcapError, UsageError
 from exporter.flags import FlagGroup, duration, positive_int, size
+from exporter.hf_cache import find_snapshot, looks_like_repo_id
 from exporter.json_documents import NotJson, read_json
 from exporter.model_config import (
     FileVersion,
@@ -244,12 +246,27 @@ class ServerPoller:
             ):
                 path = Path(root)
         if path is None:
+            path = self._hf_cache_model(documents)
+        if path is None:
             return None
         version = file_version(model_config_file(path))
         read = self._model_config
         if read is None or read.path != path or read.version != version:
             read = self._model_config = self._read_model_config(path, version, replacing=read)
         return read.derive
+
+    def _hf_cache_model(self, documents: ServerDocuments) -> Path | None:
+        """A Hugging Face model id (the served model, else /v1/models root) found in this
+        container's HF cache (HF_HUB_CACHE / HF_HOME), offline; None when it is not."""
+        args = self.serve_args()
+        names = [args.model if args else None, served_model(documents.models).get("root")]
+        for name in names:
+            if isinstance(name, str) and not name.startswith("/") and looks_like_repo_id(name):
+                try:
+                    return find_snapshot(name, args.revision if args else None, os.environ)
+                except ConfigError:
+                    continue
+        return None
 
     def _read_model_config(
         self, path: Path, version: FileVersion | None, replacing: ModelConfigRead | None
@@ -291,10 +308,26 @@ def discover_serve_args(proc: Path = Path("/proc")) -> VllmServeArgs | None:
         if not _looks_like_vllm(words):
             continue
         try:
-            return parse_vllm_serve_args(words)
+            # vLLM's --config file, as the process sees it (its root, its working folder).
+            return parse_vllm_serve_args(words, read_config=_process_file_reader(entry))
         except KvcapError:
-            continue
+            try:  # the file is not readable from here: the command line alone
+                return parse_vllm_serve_args(words)
+            except KvcapError:
+                continue
     return None
+
+
+def _read_text(path: str) -> str:
+    return Path(path).read_text(encoding="utf-8")
+
+
+def _process_file_reader(entry: Path) -> Callable[[str], str]:
+    def read(path: str) -> str:
+        where = entry / "root" / path.lstrip("/") if path.startswith("/") else entry / "cwd" / path
+        return where.read_text(encoding="utf-8")
+
+    return read
 
 
 def _looks_like_vllm(words: list[str]) -> bool:
@@ -384,7 +417,9 @@ def _add_arguments(group: FlagGroup) -> None:
 def _build(args: argparse.Namespace) -> VllmHttpCollector | None:
     if not args.vllm_url:
         return None
-    serve_args = parse_vllm_serve_args(args.vllm_args) if args.vllm_args else None
+    serve_args = (
+        parse_vllm_serve_args(args.vllm_args, read_config=_read_text) if args.vllm_args else None
+    )
     interval = args.vllm_poll_interval
     stale_after = args.vllm_stale_after if args.vllm_stale_after is not None else 3 * interval
     if not 0 < stale_after < args.vllm_forget_after:

@@ -36,6 +36,7 @@ from exporter.collectors.parsing import (
     parse_vllm_metrics,
     to_engine_settings,
 )
+from exporter.collectors.settings_check import engine_mismatches, server_mismatches
 from exporter.errors import ConfigError, KvcapError
 from exporter.state import EngineReport, KvUsage, engine_number, engine_sort_key
 
@@ -105,6 +106,10 @@ def read_server(
         else None
     )
 
+    told = server_mismatches(
+        args, served_name=_json_text(model.get("id")), max_model_len=max_model_len,
+        engines=len(engines),
+    )  # fmt: skip
     warnings: list[tuple[str, str]] = []
     if approximate:
         warnings.append(("blocks_approximate", approximate))
@@ -146,9 +151,15 @@ def read_server(
                 usage=KvUsage(usage.get(engine), running.get(engine), waiting.get(engine)),
                 world_size=_world_size(args),
                 local_rank=_local_rank(engine, args),
+                settings_warnings=told + engine_mismatches(args, info, _block_size(plan)),
             )
         )
     return ServerReading(tuple(reports), tuple(dict.fromkeys(warnings)))
+
+
+def _block_size(plan: Any) -> int | None:
+    """The block size the told settings plan, when they could be planned."""
+    return None if plan is None else plan.capacity.block_size
 
 
 def _explicit(platform: str) -> str | None:

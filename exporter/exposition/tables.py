@@ -96,6 +96,7 @@ class EngineRow:
             v.capacity_mismatch,
             v.capacity,
             self.gpus,
+            v.settings_warnings,
         )
 
 
@@ -112,6 +113,19 @@ class GroupRow:
     engine: EngineRow
     index: int
     group: GroupCapacity
+
+
+@dataclass(frozen=True, slots=True)
+class SettingsRow:
+    """One engine setting kvcap was told that the engine contradicts."""
+
+    engine: EngineRow
+    field: str
+
+
+def settings_rows(row: EngineRow) -> list[SettingsRow]:
+    fields = dict.fromkeys(mismatch.field for mismatch in row.view.settings_warnings)
+    return [SettingsRow(row, field) for field in fields]
 
 
 def _engine_ids(row: EngineRow) -> tuple[str, ...]:
@@ -457,6 +471,20 @@ def engine_rows(snapshot: Snapshot) -> list[EngineRow]:
     ]
 
 
+SETTINGS: Table[SettingsRow] = Table(
+    (*ENGINE_LABELS, "field"),
+    lambda r: (r.engine.view.engine, r.engine.view.model_name, r.field),
+    (
+        Column(
+            "kvcap_engine_settings_mismatch",
+            "1 for each engine setting kvcap was told (--vllm.args, or another collector) "
+            "that the engine contradicts (field: the setting); the derivation used the told "
+            "value. Details in /engines settings_warnings.",
+        ),
+    ),
+)
+
+
 # The exposition's layout: tables in output order, each with its rows. First the tables
 # of one engine (rows of one engine; the renderer keeps their bytes per engine) ...
 ENGINE_TABLES: tuple[tuple[Table[Any], Callable[[EngineRow], Iterable[Any]]], ...] = (
@@ -464,6 +492,7 @@ ENGINE_TABLES: tuple[tuple[Table[Any], Callable[[EngineRow], Iterable[Any]]], ..
     (WORKER, worker_rows),
     (ENGINE_GPU, lambda row: row.gpus),
     (GROUP, group_rows),
+    (SETTINGS, settings_rows),
 )
 # ... then the tables of the whole snapshot.
 SNAPSHOT_TABLES: tuple[tuple[Table[Any], Callable[[Snapshot], Iterable[Any]]], ...] = (

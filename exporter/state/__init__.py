@@ -7,6 +7,7 @@ from exporter.state.records import (
     GpuReport,
     KvEventsEndpoint,
     KvUsage,
+    SettingsMismatch,
     engine_number,
     engine_sort_key,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "GpuReport",
     "KvEventsEndpoint",
     "KvUsage",
+    "SettingsMismatch",
     "Snapshot",
     "StateSink",
     "StateStore",

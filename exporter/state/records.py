@@ -39,6 +39,21 @@ class KvEventsEndpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class SettingsMismatch:
+    """An engine setting kvcap was told (`--vllm.args`, or another collector) that what the
+    engine shows contradicts: a derivation from the told settings would be wrong."""
+
+    field: str  # the setting, as `vllm serve` names it without dashes: "max_model_len"
+    told: str
+    seen: str
+    source: str  # where the seen value comes from: "/v1/models", "/metrics", a collector
+
+    @property
+    def message(self) -> str:
+        return f"{self.field}: told {self.told}, but {self.source} shows {self.seen}"
+
+
+@dataclass(frozen=True, slots=True)
 class EngineReport:
     """One collector's view of one engine (one data-parallel rank)."""
 
@@ -64,6 +79,8 @@ class EngineReport:
     local_rank: int | None = None
     devices: tuple[str, ...] = ()
     kv_events: KvEventsEndpoint | None = None  # the engine's KV event publisher, if on
+    # Settings the collector was told that the engine contradicts.
+    settings_warnings: tuple[SettingsMismatch, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from exporter.capacity import EngineCapacity, merge_capacities
-from exporter.state.records import EngineReport, GpuReport, KvEventsEndpoint, KvUsage
+from exporter.state.records import (
+    EngineReport,
+    GpuReport,
+    KvEventsEndpoint,
+    KvUsage,
+    SettingsMismatch,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +53,8 @@ class EngineView:
     log_lines: tuple[str, ...] = ()
     log_note: str | None = None
     kv_events: KvEventsEndpoint | None = None
+    # Told settings the engine contradicts (kvcap_engine_settings_mismatch, /engines).
+    settings_warnings: tuple[SettingsMismatch, ...] = ()
 
     @property
     def approximate(self) -> bool:
@@ -151,6 +159,7 @@ def merge_engine(sightings: Sequence[Sighting]) -> EngineView:
         log_lines=next((r.log_lines for r in reports if r.log_lines), ()),
         log_note=next((r.log_note for r in reports if r.log_note), None),
         kv_events=next((r.kv_events for r in reports if r.kv_events), None),
+        settings_warnings=_settings_warnings(sightings),
     )
 
 
@@ -158,3 +167,24 @@ def _mismatch(reported_tokens: int | None, derived_tokens: int | None) -> bool |
     if reported_tokens is None or derived_tokens is None:
         return None
     return reported_tokens != derived_tokens
+
+
+def _settings_warnings(sightings: Sequence[Sighting]) -> tuple[SettingsMismatch, ...]:
+    """Each collector's own findings, and where two collectors disagree on the engine's
+    workers (TP x PP): the best collector's count is what the engine shows."""
+    found = [w for s in sightings for w in s.report.settings_warnings]
+    best = next((s for s in sightings if s.report.world_size), None)
+    for other in sightings:
+        size = other.report.world_size
+        if best is None or not size or other.collector == best.collector:
+            continue
+        if size != best.report.world_size:
+            found.append(
+                SettingsMismatch(
+                    field="world_size",
+                    told=f"{size} ({other.collector})",
+                    seen=str(best.report.world_size),
+                    source=best.collector,
+                )
+            )
+    return tuple(dict.fromkeys(found))

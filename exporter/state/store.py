@@ -369,6 +369,17 @@ def _log_changes(
                 instance_id=view.instance_id,
                 num_gpu_blocks=view.capacity.num_gpu_blocks,
             )
+        known = set(was.settings_warnings) if was is not None else set()
+        for mismatch in view.settings_warnings:
+            if mismatch not in known:  # once, when it appears; again only if it comes back
+                log.warning(
+                    "engine_settings_mismatch",
+                    engine=engine,
+                    field=mismatch.field,
+                    told=mismatch.told,
+                    seen=mismatch.seen,
+                    source=mismatch.source,
+                )
     for engine in old.keys() - new.keys():
         log.info("engine_vanished", collector=collector, engine=engine)
         instance_id = old[engine].instance_id

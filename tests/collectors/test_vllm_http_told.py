@@ -1,0 +1,85 @@
+"""The sidecar reads what it is told as vLLM would: `--config FILE.yaml` inside --vllm.args
+(and in a /proc command line), a Hugging Face id found in the HF cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from exporter.cli import CommandLineParser
+from exporter.collectors import vllm_http
+from exporter.collectors.http_fetch import fetch
+from exporter.collectors.parsing import parse_vllm_serve_args
+from exporter.collectors.vllm_http import ServerPoller, VllmHttpSettings, discover_serve_args
+from exporter.demo import simulated_deployment
+from exporter.errors import ConfigError
+from exporter.flags import Flags
+from exporter.state import StateStore
+from tests.test_hf_cache import add_snapshot, set_ref
+
+COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
+
+
+def built(*flags: str) -> VllmHttpSettings:
+    parser = CommandLineParser()
+    vllm_http._add_arguments(Flags(parser).group("vllm_http"))
+    collector = vllm_http._build(parser.parse_args(["--vllm.url=http://127.0.0.1:1", *flags]))
+    assert collector is not None
+    return collector.settings
+
+
+def test_vllm_args_read_the_config_file_as_vllm_does(tmp_path: Path) -> None:
+    config = tmp_path / "vllm.yaml"
+    config.write_text("tensor_parallel_size: 2\ndata_parallel_size: 2\nmax_model_len: 131072\n")
+    told = built("--vllm.args", f"/models/gemma --config {config} -tp 4").serve_args
+    assert told is not None
+    assert (told.tensor_parallel_size, told.data_parallel_size) == (4, 2)
+    assert told.max_model_len == 131072
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(ConfigError, match=f"--config {missing}: cannot read it"):
+        built("--vllm.args", f"/models/gemma --config {missing}")
+
+
+def test_a_proc_command_line_reads_its_config_file_from_the_process_root(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    entry = proc / "4242"
+    (entry / "root" / "etc").mkdir(parents=True)
+    (entry / "root" / "etc" / "vllm.yaml").write_text("max-model-len: 8192\n")
+    argv = ["vllm", "serve", "/models/x", "--config", "/etc/vllm.yaml"]
+    (entry / "cmdline").write_bytes(b"\0".join(w.encode() for w in argv) + b"\0")
+    found = discover_serve_args(proc)
+    assert found is not None
+    assert (found.model, found.max_model_len) == ("/models/x", 8192)
+    (entry / "root" / "etc" / "vllm.yaml").unlink()  # not readable from here: flags alone
+    alone = discover_serve_args(proc)
+    assert alone is not None
+    assert (alone.model, alone.max_model_len) == ("/models/x", None)
+
+
+def test_a_hugging_face_id_is_derived_from_the_hf_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's quickstart: `vllm serve google/gemma-3-27b-it`, no shared volume, the
+    sidecar's HF cache holds the model's config.json."""
+    local = simulated_deployment(tmp_path / "local")
+    cache = tmp_path / "hub"
+    config = json.dumps(dict(local.config)).encode()
+    add_snapshot(cache, "google/gemma-3-27b-it", COMMIT, {"config.json": config})
+    set_ref(cache, "google/gemma-3-27b-it", "main", COMMIT)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    simulation = dataclasses.replace(local, model_path="google/gemma-3-27b-it", engines={})
+    url = simulation.start()
+    try:
+        store = StateStore()
+        told = parse_vllm_serve_args(simulation.vllm_args)
+        settings = VllmHttpSettings(urls=(url,), serve_args=told)
+        ServerPoller(url, settings, fetch, store, threading.Event()).poll_once()
+    finally:
+        simulation.stop()
+    views = store.snapshot().engines
+    assert [v.derivation_error for v in views] == [None, None]
+    assert {v.derived_kv_cache_size_tokens for v in views} == {local.plan.kv_cache_size_tokens}
