@@ -1,6 +1,13 @@
 """The one exception hierarchy of kvcap.
 
     KvcapError
+    ├── CollectorError               a collector's read failed; `reason` is the
+    │   │                            kvcap_collector_errors_total reason label
+    │   ├── FetchError               the HTTP fetch failed (collectors/http_fetch.py)
+    │   └── MalformedInput           outside input breaks its format
+    │       ├── MalformedExposition  a line of a vLLM family kvcap reads
+    │       │                        (collectors/parsing/exposition.py)
+    │       └── NotJson              JSON kvcap cannot accept (json_documents.py)
     ├── ConfigError                  bad settings, files or config.json content
     │   └── UsageError               a flag or its environment twin is malformed (exit 2)
     └── CapacityError                the capacity model cannot give a number
@@ -19,6 +26,18 @@ class KvcapError(Exception):
     """Base class of every error kvcap raises on purpose."""
 
     vllm_error_type: str | None = None
+
+
+class CollectorError(KvcapError):
+    """A collector's read failed; `reason` is the kvcap_collector_errors_total label."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class MalformedInput(CollectorError, ValueError):
+    """Input from outside (a body, a document, a frame) that breaks its format."""
 
 
 class ConfigError(KvcapError):

@@ -62,26 +62,19 @@ ByeToken = Annotated[str, msgspec.Meta(min_length=16, max_length=128)]
 
 
 class ReadyResponse(msgspec.Struct, frozen=True):
-    """The fields of vLLM's EngineCoreReadyResponse that kvcap reads."""
+    """The fields of vLLM's EngineCoreReadyResponse that kvcap reads. The others (dtype,
+    the other parallel sizes, scheduler limits, ...) are skipped undecoded: a field nobody
+    reads cannot fail a frame."""
 
     max_model_len: Positive
     num_gpu_blocks: Count
     data_parallel_rank: Rank
     block_size: Positive | None = None
-    dtype: Text | None = None
     vllm_version: Text | None = None
     world_size: ParallelSize | None = None
-    data_parallel_size: ParallelSize | None = None
-    tensor_parallel_size: ParallelSize | None = None
-    pipeline_parallel_size: ParallelSize | None = None
-    decode_context_parallel_size: ParallelSize | None = None
-    max_num_seqs: Positive | None = None
-    max_num_batched_tokens: Positive | None = None
     instance_id: Text | None = None
-    mamba_block_size: Positive | None = None
     kv_cache_size_tokens: Count | None = None
     kv_cache_max_concurrency: Concurrency | None = None
-    effective_attention_block_size: Positive | None = None
     # vLLM's resolved KVEventsConfig (a map) when it publishes KV events; read leniently
     # by the kv_events collector, so an odd value cannot fail the ready response.
     kv_events_config: Any = None
@@ -106,11 +99,29 @@ class ReadyExtras(msgspec.Struct, frozen=True):
     bytes_per_block_per_worker: Annotated[list[Count], msgspec.Meta(max_length=MAX_PARALLEL)] = []
     # The engine process's CUDA_VISIBLE_DEVICES entries (indices or UUIDs), in worker order.
     devices: Annotated[list[Text], msgspec.Meta(max_length=4096)] = []
+    # The plugin's process: tells a forked child's messages from its parent's.
     pid: Count | None = None
     model_name: Text | None = None
-    model_path: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
     cache_dtype: Text | None = None
     settings: Annotated[dict[Text, Any], msgspec.Meta(max_length=64)] = {}
+
+
+class ExtrasSettings(msgspec.Struct, frozen=True):
+    """The one engine setting the sidecar reads (any type here: the collector checks it)."""
+
+    platform: Any = None
+
+
+class ReceivedExtras(msgspec.Struct, frozen=True):
+    """The fields of ReadyExtras the sidecar reads; pid and the other settings are skipped
+    undecoded."""
+
+    groups: Annotated[list[GroupExtra], msgspec.Meta(max_length=256)] = []
+    bytes_per_block_per_worker: Annotated[list[Count], msgspec.Meta(max_length=MAX_PARALLEL)] = []
+    devices: Annotated[list[Text], msgspec.Meta(max_length=4096)] = []
+    model_name: Text | None = None
+    cache_dtype: Text | None = None
+    settings: ExtrasSettings = ExtrasSettings()
 
 
 class Heartbeat(msgspec.Struct, frozen=True):
@@ -127,7 +138,7 @@ class Bye(msgspec.Struct, frozen=True):
 
 
 _ready_decoder = msgspec.msgpack.Decoder(ReadyResponse)
-_extras_decoder = msgspec.msgpack.Decoder(ReadyExtras)
+_extras_decoder = msgspec.msgpack.Decoder(ReceivedExtras)
 _bye_decoder = msgspec.msgpack.Decoder(Bye)
 _heartbeat_decoder = msgspec.msgpack.Decoder(Heartbeat)
 _encoder = msgspec.msgpack.Encoder()
@@ -137,7 +148,7 @@ def decode_ready(payload: bytes) -> ReadyResponse:
     return _ready_decoder.decode(payload)
 
 
-def decode_extras(payload: bytes) -> ReadyExtras:
+def decode_extras(payload: bytes) -> ReceivedExtras:
     return _extras_decoder.decode(payload)
 
 

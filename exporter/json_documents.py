@@ -11,9 +11,14 @@ from typing import Any
 
 import msgspec
 
+from exporter.errors import MalformedInput
 
-class NotJson(ValueError):
+
+class NotJson(MalformedInput):
     """The text is not JSON kvcap accepts; the message says why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("not_json", message)
 
 
 def read_json(text: str | bytes) -> Any:

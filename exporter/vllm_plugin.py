@@ -392,7 +392,6 @@ def _extras(engine: Any, response: Any) -> ReadyExtras:
         ],
         pid=os.getpid(),
         model_name=None if served is None else str(served),
-        model_path=_str_or_none(getattr(model_config, "model", None)),
         cache_dtype=_str_or_none(getattr(vllm_config.cache_config, "cache_dtype", None)),
         settings=_settings(vllm_config),
     )

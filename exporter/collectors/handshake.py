@@ -40,8 +40,8 @@ from exporter.handshake_wire import (
     READY_TOPIC,
     READY_V2_TOPIC,
     GroupExtra,
-    ReadyExtras,
     ReadyResponse,
+    ReceivedExtras,
     decode_bye,
     decode_extras,
     decode_heartbeat,
@@ -97,7 +97,7 @@ class HeardFrom:
     stale: bool = False
 
 
-def engine_report(ready: ReadyResponse, extras: ReadyExtras | None) -> EngineReport:
+def engine_report(ready: ReadyResponse, extras: ReceivedExtras | None) -> EngineReport:
     """vLLM's own numbers for one engine, with the plugin's extras where it sent them."""
     groups = tuple(_group(g) for g in (extras.groups if extras else []))
     devices = tuple(extras.devices) if extras else ()
@@ -152,9 +152,9 @@ def _group(extra: GroupExtra) -> GroupCapacity:
     )
 
 
-def _platform(extras: ReadyExtras | None) -> str | None:
+def _platform(extras: ReceivedExtras | None) -> str | None:
     """The engine's `device_config.device_type` as the plugin sent it, if a known one."""
-    value = extras.settings.get("platform") if extras else None
+    value = extras.settings.platform if extras else None
     return value if isinstance(value, str) and value in PLATFORMS else None
 
 

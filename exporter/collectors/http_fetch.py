@@ -10,6 +10,8 @@ import zlib
 from typing import Final, Protocol
 from urllib.parse import urljoin, urlsplit
 
+from exporter.errors import CollectorError
+
 # A redirect is followed only to the same scheme, host and port (Starlette answers
 # /metrics with 307 to /metrics/ in some vLLM releases), and only this many times.
 _MAX_REDIRECTS: Final = 3
@@ -20,12 +22,8 @@ _CONTENT_TYPES: Final = ("text/plain", "application/openmetrics-text", "applicat
 _CHUNK_BYTES: Final = 256 * 1024
 
 
-class FetchError(Exception):
+class FetchError(CollectorError):
     """A failed fetch; `reason` is the `kvcap_collector_errors_total` reason label."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 class Fetcher(Protocol):

@@ -19,7 +19,7 @@ from exporter.collectors.handshake import engine_report
 from exporter.collectors.parsing import parse_cache_config_info, parse_vllm_metrics
 from exporter.collectors.vllm_http_reports import cached_deriver, choose_platform
 from exporter.errors import ConfigError
-from exporter.handshake_wire import ReadyExtras, ReadyResponse
+from exporter.handshake_wire import ReadyExtras, ReadyResponse, decode_extras, encode
 from tests.conftest import FIXTURES
 
 LIVE_CPU = FIXTURES / "live-cpu"
@@ -157,6 +157,7 @@ def test_the_platform_setting_wins_over_the_labels() -> None:
 
 def test_the_handshake_names_the_platform_the_plugin_saw() -> None:
     ready = ReadyResponse(max_model_len=2048, num_gpu_blocks=16384, data_parallel_rank=0)
-    assert engine_report(ready, ReadyExtras(settings={"platform": "cpu"})).platform == "cpu"
-    assert engine_report(ready, ReadyExtras(settings={"platform": "xpu"})).platform is None
+    for sent, platform in (({"platform": "cpu"}, "cpu"), ({"platform": "xpu"}, None)):
+        extras = decode_extras(encode(ReadyExtras(settings=sent)))
+        assert engine_report(ready, extras).platform == platform
     assert engine_report(ready, None).platform is None

@@ -253,6 +253,24 @@ def test_absurd_label_values_are_rejected_not_exported() -> None:
 
 
 @pytest.mark.parametrize(
+    "family",
+    [b"vllm:prefix_cache_hits_total", b"vllm:num_preemptions_total", b"vllm:iteration_tokens"],
+)
+def test_a_malformed_line_of_a_family_kvcap_does_not_read_leaves_the_poll_successful(
+    family: bytes,
+) -> None:
+    fixture = load(LLAMA)
+    broken = family + b'{engine="0",model_name="m" 5.0 garbage\n'
+    metrics = broken + exposition_of(LLAMA, fixture)
+    store = StateStore()
+    with serve(Playback(metrics=metrics)) as url:
+        poll(url, settings_for(url, fixture, LLAMA), store)
+    assert store.snapshot().errors == {}
+    assert len(store.snapshot().engines) == len(fixture["engines"])
+    assert all(status.up for status in store.snapshot().collectors)
+
+
+@pytest.mark.parametrize(
     "document",
     [b"[" * 100_000 + b"]" * 100_000, b'{"data": [{"id": 1' + b"0" * 5000 + b"}]}", b"{"],
     ids=["deep", "long-int", "truncated"],

@@ -232,10 +232,21 @@ def test_deeply_nested_msgpack(frames: list[bytes]) -> None:
     assert store.snapshot().errors == {("handshake", "malformed_frame"): 1}
 
 
+def test_a_field_kvcap_does_not_read_cannot_fail_the_frame() -> None:
+    """Unread fields are skipped undecoded, whatever they hold."""
+    store = StateStore()
+    receiver = HandshakeReceiver(ENDPOINT, store, HandshakeSettings())
+    unread = {"tensor_parallel_size": 0, "dtype": ["not", "a", "str"], "max_num_seqs": -1}
+    with capture_logs():
+        receiver.handle([READY_TOPIC, encode(MINIMAL_READY | unread)])
+    assert store.snapshot().errors == {}
+    assert [view.engine for view in store.snapshot().engines] == ["0"]
+
+
 @pytest.mark.parametrize(
     "changes",
-    [{"world_size": 2**40}, {"data_parallel_rank": 2**40}, {"tensor_parallel_size": 0}],
-    ids=["world-size", "rank", "zero-tp"],
+    [{"world_size": 2**40}, {"data_parallel_rank": 2**40}],
+    ids=["world-size", "rank"],
 )
 def test_an_absurd_parallel_size_is_refused(changes: dict[str, int]) -> None:
     # In a child process: were it walked worker by worker, the loop would hold the store's

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from exporter import vllm_plugin
@@ -23,8 +24,8 @@ from exporter.handshake_wire import (
     ENDPOINT_ENV,
     HEARTBEAT_INTERVAL_ENV,
     READY_V2_TOPIC,
+    ReadyExtras,
     decode_bye,
-    decode_extras,
     decode_heartbeat,
     decode_ready,
 )
@@ -35,6 +36,11 @@ from tests.plugin.test_vllm_plugin import LLAMA, installed, plugin_warnings
 
 # Fast enough that a test sees several beats, slow enough for 2 shared cores.
 FAST_S = "0.05"
+
+
+def sent_extras(frame: bytes) -> ReadyExtras:
+    """Everything the plugin put in the extras frame (the sidecar decodes less)."""
+    return msgspec.msgpack.decode(frame, type=ReadyExtras)
 
 
 def test_the_heartbeat_resends_the_ready_message_byte_for_byte(
@@ -164,7 +170,7 @@ def test_a_forked_engine_beats_only_for_itself(
     while (frames := sidecar.receive(timeout_ms=300)) is not None:
         if frames[0] == READY_V2_TOPIC:
             rank = decode_ready(frames[1]).data_parallel_rank
-            senders.setdefault(rank, set()).add(decode_extras(frames[3]).pid or 0)
+            senders.setdefault(rank, set()).add(sent_extras(frames[3]).pid or 0)
         if len(senders.get(0, ())) and len(senders.get(1, ())) and frames[0] == BYE_TOPIC:
             break
     assert senders == {0: {os.getpid()}, 1: {child.pid}}

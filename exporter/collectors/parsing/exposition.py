@@ -16,6 +16,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
+from exporter.errors import MalformedInput
+
 # The families kvcap reads, by their base name (counters without `_total`). The `gpu_*`
 # names are the deprecated V1 spellings that 0.10.x still exports next to the new ones.
 VLLM_FAMILIES: frozenset[str] = frozenset(
@@ -25,10 +27,6 @@ VLLM_FAMILIES: frozenset[str] = frozenset(
         "vllm:gpu_cache_usage_perc",
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
-        "vllm:prefix_cache_queries",
-        "vllm:prefix_cache_hits",
-        "vllm:gpu_prefix_cache_queries",
-        "vllm:gpu_prefix_cache_hits",
     }
 )
 
@@ -67,7 +65,7 @@ _EOF = "# EOF"
 _EXEMPLAR_SEPARATOR = " # "
 
 
-class MalformedExposition(ValueError):
+class MalformedExposition(MalformedInput):
     """A line of a family kvcap reads does not follow the exposition format.
 
     `line_number` is 1-based; it is None for errors found after scanning (a label whose
@@ -77,9 +75,8 @@ class MalformedExposition(ValueError):
     def __init__(
         self, message: str, *, line_number: int | None = None, reason: str = "malformed_exposition"
     ) -> None:
-        super().__init__(message)
+        super().__init__(reason, message)
         self.line_number = line_number
-        self.reason = reason  # the kvcap_collector_errors_total reason label
 
 
 @dataclass(frozen=True, slots=True)
