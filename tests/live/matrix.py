@@ -132,13 +132,23 @@ def _sidecar(workdir: Path, server: VllmServer, model_dir: Path) -> Sidecar:
 def _with_kvcap(row: Row, sidecar: Sidecar, server: VllmServer) -> Row:
     """`row` completed with what the sidecar exports for the one engine."""
 
+    seen: list[tuple[Any, Any]] = []
+
     def settled() -> dict[str, Any] | None:
+        # The steady state: the release learned (/version), and the same derivation on two
+        # reads more than a poll apart (kvcap's first poll may plan before it knows them).
         engines = sidecar.engines()
-        if len(engines) != 1:
+        if len(engines) != 1 or not engines[0].get("vllm_version"):
             return None
         engine = engines[0]
-        decided = engine.get("derived_kv_cache_size_tokens") is not None
-        return engine if decided or engine.get("derivation_error") else None
+        decision = (engine.get("derived_kv_cache_size_tokens"), engine.get("derivation_error"))
+        if decision == (None, None):
+            return None
+        seen.append(decision)
+        if len(seen) < 2 or seen[-2] != decision:
+            time.sleep(2 * POLL_INTERVAL_S)
+            return None
+        return engine
 
     context = lambda: sidecar.tail() + "\n--- vLLM ---\n" + server.tail()  # noqa: E731
     try:
