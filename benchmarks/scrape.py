@@ -102,7 +102,10 @@ def baseline_registry(kvcap_body: str) -> CollectorRegistry:
         labels = sorted({k for s in family.samples for k in s.labels})
         gauge = Gauge(family.name, family.documentation, labels, registry=registry)
         for sample in family.samples:
-            gauge.labels(**{k: sample.labels.get(k, "") for k in labels}).set(sample.value)
+            if labels:
+                gauge.labels(**{k: sample.labels.get(k, "") for k in labels}).set(sample.value)
+            else:
+                gauge.set(sample.value)
     return registry
 
 
