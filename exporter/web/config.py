@@ -18,12 +18,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, Literal, NoReturn, cast, get_args
 
-import structlog
 import yaml
 
 from exporter.errors import ConfigError
 
-_log = structlog.get_logger("kvcap.web")
 
 ClientAuthType = Literal[
     "NoClientCert",
@@ -175,34 +173,7 @@ def read_web_config_file(path: Path | str) -> WebConfig:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"web config file {path}: cannot read it: {exc}") from exc
-    config = parse_web_config(text, base_dir=path.parent)
-    for where, reason in not_applied(config):
-        _log.warning("web_config_field_not_applied", file=str(path), field=where, reason=reason)
-    return config
-
-
-# The fields kvcap reads and checks but its HTTP server does not act on (yet); each is
-# said once per read of the file, never dropped silently.
-# (http_server_config.http2 is documented instead: kvcap serves HTTP/1.1 only, ALPN
-# http/1.1, whatever the file says, and every scraper speaks it.)
-NOT_APPLIED: dict[str, str] = {
-    "http_server_config.headers": "checked, but not yet added to responses",
-    "basic_auth_excluded_paths": "checked, but not yet applied: every path still asks for basic "
-    "auth (stricter, never weaker)",
-}
-
-
-def not_applied(config: WebConfig) -> list[tuple[str, str]]:
-    """(field, why) for each field set in `config` that the server does not apply."""
-    given = {
-        "http_server_config.headers": bool(config.response_headers),
-        "basic_auth_excluded_paths": bool(config.basic_auth_excluded_paths),
-    }
-    return [
-        (name, NOT_APPLIED[name])
-        for name, present in given.items()
-        if present and name in NOT_APPLIED
-    ]
+    return parse_web_config(text, base_dir=path.parent)
 
 
 def parse_web_config(text: str, *, base_dir: Path) -> WebConfig:

@@ -151,20 +151,22 @@ class ConnectionHandler(socketserver.BaseRequestHandler):
     def _refuse(self, response: Response, reason: str) -> bool:
         self.server.counters.reject(reason)
         with contextlib.suppress(OSError):  # the client is gone already
-            self._write(_head_bytes(response, ("Connection: close",)) + response.body)
+            configured = self.server.watcher.state.config.response_headers
+            self._write(_head_bytes(response, ("Connection: close",), configured) + response.body)
         return False
 
     def _respond(self, head: RequestHead) -> Response:
         self.server.watcher.maybe_reload()
-        auth = self.server.watcher.state.auth
-        if auth is not None:
+        state = self.server.watcher.state
+        path, _, query = head.target.partition("?")
+        auth = state.auth
+        if auth is not None and state.config.auth_required(path):
             verdict = auth.verdict(head.header("authorization"), str(self.client_address[0]))
             if verdict != "ok":
                 self.server.counters.reject("unauthorized" if verdict != "busy" else "auth_busy")
                 return _UNAUTHORIZED if verdict != "busy" else _AUTH_BUSY
         if head.method not in _ALLOWED_METHODS:
             return _METHOD_NOT_ALLOWED
-        path, _, query = head.target.partition("?")
         handler = self.server.routes.get(path)
         if handler is None:
             return _NOT_FOUND
@@ -188,7 +190,7 @@ class ConnectionHandler(socketserver.BaseRequestHandler):
             extra = ("Connection: close",)
         elif head.version == "HTTP/1.0":  # 1.0 clients close unless told otherwise
             extra = ("Connection: keep-alive",)
-        data = _head_bytes(response, extra)
+        data = _head_bytes(response, extra, self.server.watcher.state.config.response_headers)
         with contextlib.suppress(OSError):  # the client is gone already
             self._write(data + response.body if head.method != "HEAD" else data)
 
@@ -197,7 +199,13 @@ class ConnectionHandler(socketserver.BaseRequestHandler):
         self.request.sendall(data)
 
 
-def _head_bytes(response: Response, extra: tuple[str, ...]) -> bytes:
+def _head_bytes(
+    response: Response,
+    extra: tuple[str, ...],
+    configured: tuple[tuple[str, str], ...] = (),
+) -> bytes:
+    """The status line and headers; `configured` are the web config's http_server_config
+    headers, sent on every response as exporter-toolkit does."""
     lines = [
         f"HTTP/1.1 {response.status} {_REASONS.get(response.status, '')}",
         f"Date: {_DATE.now()}",
@@ -205,6 +213,7 @@ def _head_bytes(response: Response, extra: tuple[str, ...]) -> bytes:
         f"Content-Length: {len(response.body)}",
     ]
     lines.extend(f"{name}: {value}" for name, value in response.headers)
+    lines.extend(f"{name}: {value}" for name, value in configured)
     lines.extend(extra)
     return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
 

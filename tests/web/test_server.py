@@ -14,7 +14,15 @@ import structlog
 import exporter.web
 from exporter.errors import ConfigError
 from exporter.web import Request, Response, WebServer
-from tests.web.conftest import ALICE_HASH, ALICE_PASSWORD, StartServer, connect, fetch, get
+from tests.web.conftest import (
+    ALICE_HASH,
+    ALICE_PASSWORD,
+    StartServer,
+    connect,
+    echo,
+    fetch,
+    get,
+)
 from tests.web.test_auth import basic
 
 
@@ -282,3 +290,23 @@ def ipv6_loopback_works() -> bool:
 def test_all_interfaces_listen_address(start_server: StartServer) -> None:
     server = start_server(listen_address=":0")
     assert get(server.url).status == 200
+
+
+def test_web_config_headers_are_sent_and_excluded_paths_skip_basic_auth(
+    start_server: StartServer,
+) -> None:
+    config = (
+        f"basic_auth_users:\n  alice: '{ALICE_HASH}'\n"
+        "basic_auth_excluded_paths: [/healthz]\n"
+        "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"
+    )
+    server = start_server(config, routes={"/metrics": echo, "/healthz": echo})
+    # exporter-toolkit sends the configured headers on every response, refusals included.
+    refused = get(server.url, "/metrics")
+    assert refused.status == 401
+    assert refused.headers["X-Frame-Options"] == "deny"
+    excluded = get(server.url, "/healthz")
+    assert excluded.status == 200
+    assert excluded.headers["X-Frame-Options"] == "deny"
+    # An excluded path is matched exactly, as exporter-toolkit does.
+    assert get(server.url, "/healthz/").status == 401
