@@ -22,7 +22,6 @@ import yaml
 
 from exporter.errors import ConfigError
 
-
 ClientAuthType = Literal[
     "NoClientCert",
     "RequestClientCert",
