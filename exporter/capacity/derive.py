@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from exporter.capacity import families
-from exporter.capacity.families import BuildContext, MambaLayer, ModelLayout
+from exporter.capacity.families import AttentionLayer, BuildContext, MambaLayer, ModelLayout
 from exporter.capacity.grouping import GroupLayer, KvCacheGroup, group_layers
 from exporter.capacity.hf_config import HfConfig
 from exporter.capacity.layer_specs import (
@@ -113,6 +113,42 @@ class CapacityResult:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Resolved:
+    """The engine's settings after the platform's and the release's adjustments."""
+
+    hf: HfConfig
+    settings: EngineSettings
+    rules: PlatformRules
+    release_rules: RuleSet
+    derived_len: int
+    max_model_len: int
+    layout: ModelLayout
+    family_name: str
+    mode: MambaCacheMode
+
+
+@dataclass(frozen=True, slots=True)
+class _Groups:
+    """The KV cache dtype, each layer's spec and the KV cache groups vLLM forms from them."""
+
+    kv_cache_dtype: str
+    specs: list[tuple[AttentionLayer | MambaLayer, KvCacheSpec]]
+    groups: list[KvCacheGroup]
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How many blocks fit and the request limits they were planned for."""
+
+    stages: list[range]
+    worker_bytes: list[int]
+    batched_tokens: int
+    max_model_len: int
+    num_blocks: int
+    request_limits: RequestLimits
+
+
 def derive_capacity(
     config: Mapping[str, Any],
     settings: EngineSettings,
@@ -128,7 +164,16 @@ def derive_capacity(
     """
     if (available_kv_bytes_per_worker is None) == (num_gpu_blocks is None):
         raise ConfigError("give exactly one of available_kv_bytes_per_worker and num_gpu_blocks")
-    hf = HfConfig(config)
+    # vLLM's order: settings first, then layer specs and groups, then the memory plan;
+    # each step raises what vLLM would refuse at that point.
+    resolved = _resolve_settings(HfConfig(config), settings)
+    built = _build_groups(resolved)
+    plan = _plan_blocks(resolved, built.groups, available_kv_bytes_per_worker, num_gpu_blocks)
+    return _assemble_result(resolved, built, plan)
+
+
+def _resolve_settings(hf: HfConfig, settings: EngineSettings) -> _Resolved:
+    """Check the engine's settings and apply what the platform and the release change."""
     _check_parallel_sizes(hf, settings)
     release = settings.release
     rules = settings.platform_rules
@@ -138,64 +183,93 @@ def derive_capacity(
     derived_len = hf.default_max_model_len()
     max_model_len = _resolve_max_model_len(hf, settings)
     layout, family_name, settings = _release_layout(hf, settings, release.rules)
+    # Mamba state is kept per block ("align") only where prefix caching needs it, unless
+    # the engine names its mode.
     prefix_caching = settings.enable_prefix_caching is not False
     has_mamba = any(isinstance(layer, MambaLayer) for layer in layout.layers)
     mode: MambaCacheMode = "align" if prefix_caching and has_mamba else "none"
     if has_mamba and settings.mamba_cache_mode is not None:
         mode = "align" if settings.mamba_cache_mode == "align" else "none"
-
-    model_dtype = hf.model_dtype(settings.dtype)
-    kv = resolve_kv_cache_dtype(settings.kv_cache_dtype, hf, model_dtype)
-    sizes = hybrid_block_sizes(
-        layout,
-        hf,
-        settings,
-        kv,
-        block_size=base_block_size(layout, settings, kv),
-        mamba_cache_mode=mode,
+    return _Resolved(
+        hf=hf,
+        settings=settings,
+        rules=rules,
+        release_rules=release.rules,
+        derived_len=derived_len,
         max_model_len=max_model_len,
+        layout=layout,
+        family_name=family_name,
+        mode=mode,
+    )
+
+
+def _build_groups(r: _Resolved) -> _Groups:
+    """Each layer's KV cache spec and the groups vLLM shares blocks between."""
+    model_dtype = r.hf.model_dtype(r.settings.dtype)
+    kv = resolve_kv_cache_dtype(r.settings.kv_cache_dtype, r.hf, model_dtype)
+    sizes = hybrid_block_sizes(
+        r.layout,
+        r.hf,
+        r.settings,
+        kv,
+        block_size=base_block_size(r.layout, r.settings, kv),
+        mamba_cache_mode=r.mode,
+        max_model_len=r.max_model_len,
     )
     specs = build_layer_specs(
-        layout,
+        r.layout,
         kv,
         sizes,
-        mode,
+        r.mode,
         sliding_block_size=(
-            rules.kernel_block_multiple if release.rules.sliding_block_kernel_min else None
+            r.rules.kernel_block_multiple if r.release_rules.sliding_block_kernel_min else None
         ),
     )
     groups = group_layers(
         [GroupLayer(layer.name, layer.decoder_index, spec) for layer, spec in specs]
     )
     if not groups:
-        raise CapacityError(f"{hf.architecture} has no KV cache (attention-free model)")
+        raise CapacityError(f"{r.hf.architecture} has no KV cache (attention-free model)")
+    return _Groups(kv_cache_dtype=kv.name, specs=specs, groups=groups)
 
+
+def _plan_blocks(
+    r: _Resolved,
+    groups: list[KvCacheGroup],
+    available_kv_bytes_per_worker: int | None,
+    num_gpu_blocks: int | None,
+) -> _Plan:
+    """Fit max_model_len (auto-fit or check) and count the blocks every worker can hold."""
+    settings = r.settings
     pp = settings.pipeline_parallel_size
-    stages = pipeline_stage_layers(layout.num_decoder_layers, pp)
+    stages = pipeline_stage_layers(r.layout.num_decoder_layers, pp)
     stage_bytes = bytes_per_block_per_stage(groups, stages)
     worker_bytes = [stage_bytes[s] for s in range(pp) for _ in range(settings.tensor_parallel_size)]
-    batched_tokens = _batched_tokens(hf, settings, rules, max_model_len)
+    # Batched tokens follow the configured length, before any auto-fit shortens it.
+    batched_tokens = _batched_tokens(r.hf, settings, r.rules, r.max_model_len)
 
     def limits(length: int) -> RequestLimits:
         return RequestLimits(
             max_model_len=length,
-            in_flight_tokens=_in_flight_tokens(rules, release.rules, pp, batched_tokens),
+            in_flight_tokens=_in_flight_tokens(r.rules, r.release_rules, pp, batched_tokens),
             decode_context_parallel_size=settings.decode_context_parallel_size,
-            mamba_cache_mode=mode,
+            mamba_cache_mode=r.mode,
         )
 
     def needed(bytes_per_block: int) -> Callable[[int], int]:
         return lambda length: bytes_per_block * blocks_per_request(groups, limits(length))
 
+    # A known block count stands for the memory it fills; workers with no layers hold nothing.
     fixed_blocks = settings.num_gpu_blocks_override or num_gpu_blocks
     workers = [
         (bpb, fixed_blocks * bpb if fixed_blocks else available_kv_bytes_per_worker or 0)
         for bpb in worker_bytes
         if bpb > 0
     ]
+    max_model_len = r.max_model_len
     if settings.auto_fit_max_model_len:
         max_model_len = min(
-            fit_max_model_len(needed(bpb), available - bpb, derived_len)
+            fit_max_model_len(needed(bpb), available - bpb, r.derived_len)
             for bpb, available in workers
         )
         if max_model_len == 0:
@@ -207,46 +281,57 @@ def derive_capacity(
             available_bytes=available,
             needed_bytes=needed(bpb),
         )
+    return _Plan(
+        stages=stages,
+        worker_bytes=worker_bytes,
+        batched_tokens=batched_tokens,
+        max_model_len=max_model_len,
+        num_blocks=min(available // bpb for bpb, available in workers),
+        request_limits=limits(max_model_len),
+    )
 
-    num_blocks = min(available // bpb for bpb, available in workers)
-    request_limits = limits(max_model_len)
-    per_request = _request_blocks(groups, request_limits, release.rules)
-    concurrency = num_blocks / per_request
-    tokens = capacity_tokens(num_blocks, per_request, max_model_len)
+
+def _assemble_result(r: _Resolved, built: _Groups, plan: _Plan) -> CapacityResult:
+    """The capacity figures and the start-up line(s) the release prints for them."""
+    settings, groups = r.settings, built.groups
+    release = settings.release
+    per_request = _request_blocks(groups, plan.request_limits, r.release_rules)
+    concurrency = plan.num_blocks / per_request
+    tokens = capacity_tokens(plan.num_blocks, per_request, plan.max_model_len)
     logged = logged_tokens(
-        release.rules,
+        r.release_rules,
         capacity_tokens=tokens,
-        num_blocks=num_blocks,
+        num_blocks=plan.num_blocks,
         num_groups=len(groups),
         min_block_size=min(group.spec.block_size for group in groups),
         context_parallel_size=settings.decode_context_parallel_size,
     )
     return CapacityResult(
-        architecture=hf.architecture,
-        family=family_name,
-        approximate=layout.approximate or release.approximate,
-        platform=rules.name,
-        kv_cache_dtype=kv.name,
-        mamba_cache_mode=mode,
-        layer_specs=tuple(LayerKvSpec(layer.name, spec) for layer, spec in specs),
-        groups=tuple(_describe(group, stages[0], request_limits) for group in groups),
-        bytes_per_block_per_worker=tuple(worker_bytes),
-        num_gpu_blocks=num_blocks,
-        block_size=_scheduler_block_size(groups, mode),
+        architecture=r.hf.architecture,
+        family=r.family_name,
+        approximate=r.layout.approximate or release.approximate,
+        platform=r.rules.name,
+        kv_cache_dtype=built.kv_cache_dtype,
+        mamba_cache_mode=r.mode,
+        layer_specs=tuple(LayerKvSpec(layer.name, spec) for layer, spec in built.specs),
+        groups=tuple(_describe(group, plan.stages[0], plan.request_limits) for group in groups),
+        bytes_per_block_per_worker=tuple(plan.worker_bytes),
+        num_gpu_blocks=plan.num_blocks,
+        block_size=_scheduler_block_size(groups, r.mode),
         effective_attention_block_size=_effective_attention_block_size(groups, settings),
         max_model_len_before_planning=(
-            derived_len if settings.auto_fit_max_model_len else max_model_len
+            r.derived_len if settings.auto_fit_max_model_len else plan.max_model_len
         ),
-        max_model_len=max_model_len,
-        max_num_batched_tokens=batched_tokens,
+        max_model_len=plan.max_model_len,
+        max_num_batched_tokens=plan.batched_tokens,
         kv_cache_size_tokens=tokens,
         max_concurrency=concurrency,
         vllm_version=release.version,
         log_lines=log_lines(
-            release.rules,
-            platform=rules.name,
+            r.release_rules,
+            platform=r.rules.name,
             tokens=logged,
-            max_model_len=max_model_len,
+            max_model_len=plan.max_model_len,
             concurrency=concurrency,
         ),
         logged_kv_cache_size_tokens=logged,
