@@ -38,7 +38,13 @@ from exporter.collectors.parsing import (
 )
 from exporter.collectors.settings_check import engine_mismatches, server_mismatches
 from exporter.errors import ConfigError, KvcapError
-from exporter.state import EngineReport, KvUsage, engine_number, engine_sort_key
+from exporter.state import (
+    EngineReport,
+    KvUsage,
+    SettingsMismatch,
+    engine_number,
+    engine_sort_key,
+)
 
 # The capacity model of one model config; raises KvcapError when it cannot give a number.
 # Derivations are cached by their inputs: they change only when an engine restarts.
@@ -77,6 +83,24 @@ def served_model(models: Mapping[str, Any] | None) -> Mapping[str, Any]:
 AUTO_PLATFORM = "auto"
 
 
+@dataclass(frozen=True, slots=True)
+class _ServerFacts:
+    """What one API server's documents say, shared by all its engine reports."""
+
+    infos: Mapping[str, CacheConfigInfo]
+    usage: Mapping[str, float]
+    running: Mapping[str, float]
+    waiting: Mapping[str, float]
+    names: Mapping[str, str]
+    blocks_of: Mapping[str, int]
+    approximate: str
+    served_name: str | None
+    version: str | None
+    max_model_len: int | None
+    length_error: str | None
+    told: tuple[SettingsMismatch, ...]
+
+
 def read_server(
     documents: ServerDocuments,
     args: VllmServeArgs | None,
@@ -98,63 +122,83 @@ def read_server(
     _check_bounds(engines, names, max_engines)
     blocks_of, approximate = _blocks_per_engine(infos)
     model = served_model(documents.models)
-    version = _json_text((documents.version or {}).get("version"))
     max_model_len = _json_length(model.get("max_model_len"))
     length_error = (
         f"/v1/models max_model_len {repr(model['max_model_len'])[:40]} is not a positive integer"
         if max_model_len is None and model.get("max_model_len") is not None
         else None
     )
-
-    told = server_mismatches(
-        args, served_name=_json_text(model.get("id")), max_model_len=max_model_len,
-        engines=len(engines),
+    facts = _ServerFacts(
+        infos=infos, usage=usage, running=running, waiting=waiting, names=names,
+        blocks_of=blocks_of, approximate=approximate,
+        served_name=_json_text(model.get("id")),
+        version=_json_text((documents.version or {}).get("version")),
+        max_model_len=max_model_len,
+        length_error=length_error,
+        told=server_mismatches(
+            args, served_name=_json_text(model.get("id")), max_model_len=max_model_len,
+            engines=len(engines),
+        ),
     )  # fmt: skip
     warnings: list[tuple[str, str]] = []
     if approximate:
         warnings.append(("blocks_approximate", approximate))
     reports = []
     for engine in engines:
-        info = infos.get(engine)
-        blocks = blocks_of.get(engine)
-        reported = EngineCapacity(
-            num_gpu_blocks=blocks,
-            block_size=info.block_size if info else None,
-            kv_cache_size_tokens=info.kv_cache_size_tokens if info else None,
-            kv_cache_max_concurrency=info.kv_cache_max_concurrency if info else None,
-            max_model_len=max_model_len,
-            cache_dtype=info.cache_dtype if info else None,
-            approximate=True if approximate and blocks is not None else None,
-        )
-        # A length that is there but wrong is not replaced by a guess from the arguments;
-        # estimated blocks would only give an estimated derivation to check vLLM against.
-        plan, error = (
-            (None, length_error or approximate)
-            if length_error or approximate
-            else _derive(
-                args, info, max_model_len, blocks, derive, platform=platform, version=version
-            )
-        )
-        if error is not None:
-            warnings.append(("derivation", error))
-        reports.append(
-            EngineReport(
-                engine=engine,
-                model_name=names.get(engine) or _json_text(model.get("id")) or "",
-                vllm_version=version,
-                platform=plan.platform if plan else _explicit(platform),
-                reported=reported,
-                derived=plan.capacity if plan else None,
-                log_lines=plan.log_lines if plan else (),
-                log_note=plan.log_note if plan else None,
-                derivation_error=error,
-                usage=KvUsage(usage.get(engine), running.get(engine), waiting.get(engine)),
-                world_size=_world_size(args),
-                local_rank=_local_rank(engine, args),
-                settings_warnings=told + engine_mismatches(args, info, _block_size(plan)),
-            )
-        )
+        report = _engine_report(engine, facts, args, derive, platform)
+        if report.derivation_error is not None:
+            warnings.append(("derivation", report.derivation_error))
+        reports.append(report)
     return ServerReading(tuple(reports), tuple(dict.fromkeys(warnings)))
+
+
+def _engine_report(
+    engine: str,
+    facts: _ServerFacts,
+    args: VllmServeArgs | None,
+    derive: Deriver | None,
+    platform: str,
+) -> EngineReport:
+    """One engine's reported figures, and the derivation its settings give to check them."""
+    info = facts.infos.get(engine)
+    blocks = facts.blocks_of.get(engine)
+    approximate = facts.approximate
+    reported = EngineCapacity(
+        num_gpu_blocks=blocks,
+        block_size=info.block_size if info else None,
+        kv_cache_size_tokens=info.kv_cache_size_tokens if info else None,
+        kv_cache_max_concurrency=info.kv_cache_max_concurrency if info else None,
+        max_model_len=facts.max_model_len,
+        cache_dtype=info.cache_dtype if info else None,
+        approximate=True if approximate and blocks is not None else None,
+    )
+    # A length that is there but wrong is not replaced by a guess from the arguments;
+    # estimated blocks would only give an estimated derivation to check vLLM against.
+    plan, error = (
+        (None, facts.length_error or approximate)
+        if facts.length_error or approximate
+        else _derive(
+            args, info, facts.max_model_len, blocks, derive,
+            platform=platform, version=facts.version,
+        )
+    )  # fmt: skip
+    return EngineReport(
+        engine=engine,
+        model_name=facts.names.get(engine) or facts.served_name or "",
+        vllm_version=facts.version,
+        platform=plan.platform if plan else _explicit(platform),
+        reported=reported,
+        derived=plan.capacity if plan else None,
+        log_lines=plan.log_lines if plan else (),
+        log_note=plan.log_note if plan else None,
+        derivation_error=error,
+        usage=KvUsage(
+            facts.usage.get(engine), facts.running.get(engine), facts.waiting.get(engine)
+        ),
+        world_size=_world_size(args),
+        local_rank=_local_rank(engine, args),
+        settings_warnings=facts.told + engine_mismatches(args, info, _block_size(plan)),
+    )
 
 
 def _block_size(plan: Any) -> int | None:
