@@ -336,6 +336,14 @@ def _looks_like_vllm(words: list[str]) -> bool:
 
 
 def _add_arguments(group: FlagGroup) -> None:
+    # In help order: where and how to poll, when data ages out, what to derive from.
+    _add_polling_arguments(group)
+    _add_staleness_arguments(group)
+    _add_model_arguments(group)
+
+
+def _add_polling_arguments(group: FlagGroup) -> None:
+    """The servers to poll and the limits on each request."""
     group.add(
         "--vllm.url",
         metavar="URL",
@@ -368,6 +376,10 @@ def _add_arguments(group: FlagGroup) -> None:
         default_text="8MiB",
         help="largest accepted response body: 8MiB, 1GiB or bytes",
     )
+
+
+def _add_staleness_arguments(group: FlagGroup) -> None:
+    """When a server's data is marked stale or dropped, and how many engines it may show."""
     group.add(
         "--vllm.stale-after",
         metavar="DURATION",
@@ -390,6 +402,10 @@ def _add_arguments(group: FlagGroup) -> None:
         default_text="the --data-parallel-size of --vllm.args, else 256",
         help="most engines one API server may show; more is refused as an error",
     )
+
+
+def _add_model_arguments(group: FlagGroup) -> None:
+    """What the capacity model derives from: the engine's arguments, platform and config."""
     group.add(
         "--vllm.args",
         metavar="ARGS",
