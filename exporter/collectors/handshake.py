@@ -477,6 +477,13 @@ def _remove_ipc_file(endpoint: str) -> None:
 
 
 def _add_arguments(group: FlagGroup) -> None:
+    # Two helpers, in help order: the socket and what it accepts, then the engines' lifetime.
+    _add_socket_arguments(group)
+    _add_engine_arguments(group)
+
+
+def _add_socket_arguments(group: FlagGroup) -> None:
+    """Where the plugin pushes to and the limits on what the socket accepts."""
     group.add(
         "--handshake.listen",
         metavar="ENDPOINT",
@@ -507,6 +514,10 @@ def _add_arguments(group: FlagGroup) -> None:
         default_text="200",
         help="messages per second accepted before dropping",
     )
+
+
+def _add_engine_arguments(group: FlagGroup) -> None:
+    """When an engine is stale or removed, who may push (the ipc:// mode), how many are kept."""
     group.add(
         "--handshake.stale-after",
         metavar="DURATION",
