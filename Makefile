@@ -63,8 +63,9 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-unit: install
-	$(BIN)/python -m pytest --ignore=tests/live
+# Every test, the live suite included (it needs live-deps: `make test` runs both).
+unit: install live-deps
+	$(BIN)/python -m pytest
 
 # The live suite: real vLLM CPU servers (tests/live/, README "Live tests").
 live: live-deps
