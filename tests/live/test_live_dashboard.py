@@ -27,13 +27,20 @@ NO_CPU_SERIES = {
 LABELS = {"cluster": "live", "namespace": "live", "pod": "vllm-0"}
 
 
+# The prefix-cache row needs vLLM's KV events, which this deployment does not turn on:
+# tests/live/test_live_kv_events.py checks those series against a live vLLM, and
+# tests/deploy/test_dashboard.py answers the row's queries.
+KV_EVENTS_SERIES = re.compile(r"kvcap_(?:prefix_cache|kv_events)_")
+
+
 def live_queries() -> list[Query]:
-    """The queries of series a CPU vLLM has: no GPU memory, headroom or offload usage, and
-    no KV cache bytes of an identified GPU (uuid!="")."""
+    """The queries of series a CPU vLLM without KV events has: no GPU memory, headroom,
+    offload usage or residency, and no KV cache bytes of an identified GPU (uuid!="")."""
     return [
         q
         for q in queries()
         if not set(re.findall(r"(?:kvcap_|vllm:)\w+", q.expr)) & NO_CPU_SERIES
+        and not KV_EVENTS_SERIES.search(q.expr)
         and 'uuid!=""' not in q.expr
     ]
 
