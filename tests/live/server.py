@@ -35,6 +35,10 @@ _CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request:
 _PROCESS = re.compile(r"^\((?P<name>[\w:]+) pid=(?P<pid>\d+)\)")
 
 
+class VllmExited(AssertionError):
+    """vLLM stopped before it was healthy."""
+
+
 @dataclass(frozen=True)
 class LoggedCapacity:
     """What one engine printed at start-up: vLLM's own capacity figures."""
@@ -101,6 +105,15 @@ class VllmServer(LoggedProcess):
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        """Start and wait until healthy; one more try when vLLM exits while starting (a DP
+        engine core can fail its start-up on a busy machine), with both logs kept."""
+        try:
+            self._start_once()
+        except VllmExited:
+            self.stop()
+            self._start_once()
+
+    def _start_once(self) -> None:
         # Not from the checkout: `python -m` puts the working directory first on the path,
         # and the checkout's `exporter/` and `.egg-info` would stand in for the plugin the
         # test installed.
@@ -110,7 +123,7 @@ class VllmServer(LoggedProcess):
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.healthy():
             if process.poll() is not None:
-                raise AssertionError(f"vLLM exited with {process.returncode}\n{self.tail()}")
+                raise VllmExited(f"vLLM exited with {process.returncode}\n{self.tail()}")
             if time.monotonic() > deadline:
                 self.stop()
                 raise AssertionError(f"vLLM not healthy in {START_TIMEOUT_S:.0f} s\n{self.tail()}")
