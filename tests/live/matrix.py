@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 import time
@@ -29,19 +28,11 @@ from typing import Any
 
 from tests.faults.harness import parse
 from tests.live.models import TINY_MODELS, write_model
-from tests.live.server import VllmServer
+from tests.live.server import VllmServer, error_line
 from tests.live.sidecar import Sidecar, wait_for
 from tests.live.vllm_install import LIVE_RELEASES, vllm_python
 
 POLL_INTERVAL_S = 0.5
-# A Python exception line as the last line of a traceback, after the process prefix and the
-# log header: "(Worker pid=7) ERROR 12-01 12:33:58 [x.py:912] NotImplementedError: ...".
-_ERROR = re.compile(
-    r"^\([\w:]+ pid=\d+\)\s+(?:(?:ERROR|CRITICAL) \S+ \S+ \[[^\]]*\]\s+)?"
-    r"(?P<error>[A-Z]\w*(?:Error|Exception)(?:: .+)?)$"
-)
-# What vLLM's engine core and API server repeat after the cause, which is above them.
-_WRAPPERS = ("initialization failed",)
 
 
 @dataclass(frozen=True)
@@ -186,25 +177,6 @@ def _derived_concurrency(engine: dict[str, Any]) -> float | None:
     if isinstance(derived, dict) and isinstance(derived.get("kv_cache_max_concurrency"), float):
         return float(derived["kv_cache_max_concurrency"])
     return None
-
-
-def error_line(log: str) -> str:
-    """The root cause of a refused start: the first exception line that is not a wrapper."""
-    lines = log.splitlines()
-    errors = []
-    for i, match in enumerate(map(_ERROR.match, lines)):
-        if match is None:
-            continue
-        error = match["error"].strip()
-        if ":" not in error and i > 0:  # a bare `assert`: the source line above says which
-            error += f" ({lines[i - 1].rpartition(']')[2].strip()})"
-        errors.append(error)
-    causes = [e for e in errors if not any(wrapper in e for wrapper in _WRAPPERS)]
-    found = causes or errors
-    if found:
-        return found[0]
-    shown = [line for line in lines if line.strip()]
-    return shown[-1].strip() if shown else "(no log)"
 
 
 def dump_row(row: Row, path: Path) -> None:

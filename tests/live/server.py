@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -33,6 +34,16 @@ _SIZE = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 # Each line of vLLM's log starts with the process that wrote it, e.g. "(EngineCore_DP1 pid=42)".
 _PROCESS = re.compile(r"^\((?P<name>[\w:]+) pid=(?P<pid>\d+)\)")
+
+# A Python exception line as the last line of a traceback, after the process prefix and the
+# log header: "(Worker pid=7) ERROR 12-01 12:33:58 [x.py:912] NotImplementedError: ..." (the class
+# may be dotted: "torch.distributed.DistNetworkError: ...").
+_ERROR = re.compile(
+    r"^\([\w:]+ pid=\d+\)\s+(?:(?:ERROR|CRITICAL) \S+ \S+ \[[^\]]*\]\s+)?"
+    r"(?P<error>(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?:: .+)?)$"
+)
+# What vLLM's engine core and API server repeat after the cause, which is above them.
+_WRAPPERS = ("initialization failed",)
 
 
 class VllmExited(AssertionError):
@@ -109,7 +120,11 @@ class VllmServer(LoggedProcess):
         engine core can fail its start-up on a busy machine), with both logs kept."""
         try:
             self._start_once()
-        except VllmExited:
+        except VllmExited as exited:
+            # Seen in CI with DP=2: rank 1's worker lost its gloo port (DistNetworkError
+            # EADDRINUSE), vLLM's own race between choosing a free port and binding it when
+            # engines start side by side (vllm-project/vllm#39015).
+            print(f"{exited.args[0].splitlines()[0]}; starting once more", file=sys.stderr)
             self.stop()
             self._start_once()
 
@@ -123,7 +138,10 @@ class VllmServer(LoggedProcess):
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.healthy():
             if process.poll() is not None:
-                raise VllmExited(f"vLLM exited with {process.returncode}\n{self.tail()}")
+                raise VllmExited(
+                    f"vLLM exited with {process.returncode}: {error_line(self.log())}\n"
+                    f"{self.tail()}"
+                )
             if time.monotonic() > deadline:
                 self.stop()
                 raise AssertionError(f"vLLM not healthy in {START_TIMEOUT_S:.0f} s\n{self.tail()}")
@@ -225,3 +243,22 @@ def _group_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def error_line(log: str) -> str:
+    """The root cause of a refused start: the first exception line that is not a wrapper."""
+    lines = log.splitlines()
+    errors = []
+    for i, match in enumerate(map(_ERROR.match, lines)):
+        if match is None:
+            continue
+        error = match["error"].strip()
+        if ":" not in error and i > 0:  # a bare `assert`: the source line above says which
+            error += f" ({lines[i - 1].rpartition(']')[2].strip()})"
+        errors.append(error)
+    causes = [e for e in errors if not any(wrapper in e for wrapper in _WRAPPERS)]
+    found = causes or errors
+    if found:
+        return found[0]
+    shown = [line for line in lines if line.strip()]
+    return shown[-1].strip() if shown else "(no log)"
