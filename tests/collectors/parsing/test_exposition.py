@@ -61,8 +61,8 @@ def test_public_names() -> None:
 
 def test_every_release_is_covered() -> None:
     releases = {path.parent.name for path in FIXTURES if path.parent != EXPOSITIONS}
-    assert releases == {"0.10.2", "0.23.0", "0.24.0", "0.26.0"}
-    assert len(FIXTURES) == 28
+    assert releases == {"0.10.2", "0.18.1", "0.23.0", "0.24.0", "0.26.0"}
+    assert len(FIXTURES) == 33
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=fixture_id)
