@@ -136,6 +136,12 @@ def test_the_cli_and_the_sidecar_give_0_18_1s_own_numbers(path: Path) -> None:
             engine["block_size"],
         )
         assert view.capacity.num_gpu_blocks == engine["num_gpu_blocks"]
+        # The recorded command line is the one the engines ran: nothing to warn about.
+        assert (view.derivation_error, view.settings_warnings, view.approximate) == (
+            None,
+            (),
+            False,
+        )
         assert (view.vllm_version, view.platform, planned["platform"]) == (RELEASE, "cpu", "cpu")
         # The group-aware capacity: int(max_concurrency x max_model_len) with 0.18.1's own
         # get_max_concurrency_for_kv_cache_config.
