@@ -20,9 +20,7 @@ from exporter.exposition import ExpositionCache, PrefixCacheCollector, build_rou
 from exporter.flags import Flags, log_level
 from exporter.logs import LEVELS, configure_logging
 from exporter.state import StateStore
-from exporter.web import WebServer
-from exporter.web.counters import WebCounters
-from exporter.web.server import DEFAULT_MAX_CONNECTIONS
+from exporter.web import DEFAULT_MAX_CONNECTIONS, WebCounters, WebServer
 
 log = structlog.get_logger("kvcap.serve")
 

@@ -9,8 +9,8 @@ only engines whose key changed, and the kept part, its gzip chunk and its CRC-32
 whole while no engine changed. The live part is rendered anew: a few hundred lines. Gzip
 bodies are those chunks joined (raw deflate blocks that end on a byte boundary, RFC 1951)
 in one gzip member. The process_* series, the prefix-cache residency (it changes with
-every KV event batch) and the HTTP server's refusal counters are rendered per scrape by
-prometheus_client and appended. Output is byte-identical to what
+every KV event batch) and the HTTP server's counters are collected per scrape from
+prometheus_client collectors and appended. Output is byte-identical to what
 prometheus_client renders for the same families (tests/exposition/test_render.py).
 """
 
@@ -21,16 +21,21 @@ import threading
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client import exposition as text_format
+from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
-from prometheus_client.openmetrics import exposition as openmetrics_format
 
 from exporter.exposition import tables
 from exporter.exposition.tables import Column, EngineRow, Table, engine_rows
-from exporter.exposition.text import header, label_order, sample_name, sample_prefix, sample_value
+from exporter.exposition.text import (
+    families_text,
+    header,
+    label_order,
+    sample_name,
+    sample_prefix,
+    sample_value,
+)
 from exporter.state import Snapshot
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -281,21 +286,44 @@ class Collector(Protocol):
     def collect(self) -> Iterable[Metric]: ...
 
 
+@runtime_checkable
+class VersionedCollector(Collector, Protocol):
+    """A collector whose `version` changes whenever its families do."""
+
+    @property
+    def version(self) -> int: ...
+
+
 class _PerScrape:
-    """Families rendered on every scrape (the HTTP server's refusals, process_*) with
-    prometheus_client itself."""
+    """Families read afresh on every scrape (the HTTP server's counters, prefix-cache
+    residency, process_*), from prometheus_client collectors, written by `families_text`
+    (what generate_latest writes, without its per-sample name checks). A collector with a
+    `version` (one that changes whenever its families do) is collected only when it moved."""
 
     def __init__(self, collectors: Sequence[Collector]) -> None:
-        self._registry = CollectorRegistry(auto_describe=False)
-        for collector in collectors:
-            self._registry.register(collector)
+        # (collector, None) or (None, versioned collector): isinstance of a protocol is
+        # too slow to ask on every scrape.
+        self._collectors = [
+            (None, c) if isinstance(c, VersionedCollector) else (c, None) for c in collectors
+        ]
+        self._texts: dict[tuple[int, bool], tuple[int, str]] = {}
 
     def render(self, openmetrics: bool) -> bytes:
-        if openmetrics:
-            # prometheus_client's OpenMetrics module has no type annotations.
-            body: bytes = openmetrics_format.generate_latest(self._registry)  # type: ignore[no-untyped-call]
-            return body.removesuffix(_EOF)
-        return text_format.generate_latest(self._registry)
+        texts = []
+        for position, (plain, collector) in enumerate(self._collectors):
+            if collector is None:
+                assert plain is not None
+                texts.append(families_text(plain.collect(), openmetrics=openmetrics))
+                continue
+            # Read before collecting: a change during collect() shows as a new version
+            # next time, so a kept text is never older than its version.
+            version = collector.version
+            kept = self._texts.get((position, openmetrics))
+            if kept is None or kept[0] != version:
+                kept = (version, families_text(collector.collect(), openmetrics=openmetrics))
+                self._texts[(position, openmetrics)] = kept
+            texts.append(kept[1])
+        return "".join(texts).encode()
 
 
 class ExpositionCache:

@@ -6,8 +6,9 @@ by name, values as Go formats floats); only the HELP/TYPE headers of a family di
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
+from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString
 
 
@@ -39,12 +40,35 @@ def sample_value(value: float) -> str:
 
 def header(name: str, help_text: str, kind: str, *, openmetrics: bool) -> bytes:
     """The # HELP and # TYPE lines of a family (counters: `_total` only in 0.0.4 text)."""
+    return header_text(name, help_text, kind, openmetrics=openmetrics).encode()
+
+
+def header_text(name: str, help_text: str, kind: str, *, openmetrics: bool) -> str:
     if openmetrics:
         escaped = help_text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-        return f"# HELP {name} {escaped}\n# TYPE {name} {kind}\n".encode()
+        return f"# HELP {name} {escaped}\n# TYPE {name} {kind}\n"
     shown = f"{name}_total" if kind == "counter" else name
     escaped = help_text.replace("\\", r"\\").replace("\n", r"\n")
-    return f"# HELP {shown} {escaped}\n# TYPE {shown} {kind}\n".encode()
+    return f"# HELP {shown} {escaped}\n# TYPE {shown} {kind}\n"
+
+
+def families_text(families: Iterable[Metric], *, openmetrics: bool) -> str:
+    """prometheus_client families as its generate_latest writes them, at a fraction of the
+    cost: gauges, counters and histograms whose samples carry no timestamp, exemplar or
+    `_created` (what kvcap's per-scrape collectors and ProcessCollector yield)."""
+    lines: list[str] = []
+    for family in families:
+        lines.append(
+            header_text(family.name, family.documentation, family.type, openmetrics=openmetrics)
+        )
+        for sample in family.samples:
+            labels = sample.labels
+            if labels:
+                pairs = ",".join(f'{k}="{escape_label_value(labels[k])}"' for k in sorted(labels))
+                lines.append(f"{sample.name}{{{pairs}}} {sample_value(sample.value)}\n")
+            else:
+                lines.append(f"{sample.name} {sample_value(sample.value)}\n")
+    return "".join(lines)
 
 
 def sample_name(name: str, kind: str) -> str:

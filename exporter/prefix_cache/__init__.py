@@ -1,5 +1,17 @@
 """Prefix-cache residency: what each engine's KV cache holds, from its KV events."""
 
-from exporter.prefix_cache.residency import EngineResidency, PoolView, ResidencyView
+from exporter.prefix_cache.residency import (
+    DEFAULT_MAX_BLOCKS,
+    LIFETIME_BUCKETS_S,
+    EngineResidency,
+    PoolView,
+    ResidencyView,
+)
 
-__all__ = ["EngineResidency", "PoolView", "ResidencyView"]
+__all__ = [
+    "DEFAULT_MAX_BLOCKS",
+    "LIFETIME_BUCKETS_S",
+    "EngineResidency",
+    "PoolView",
+    "ResidencyView",
+]

@@ -157,14 +157,6 @@ class WebConfig:
         return bool(self.basic_auth_users) and path not in self.basic_auth_excluded_paths
 
 
-def load_web_config(path: Path | str) -> WebConfig:
-    """Read and check a web config file, including that its certificate and keys load."""
-    config = read_web_config_file(path)
-    if config.tls is not None:
-        build_ssl_context(config.tls)
-    return config
-
-
 def read_web_config_file(path: Path | str) -> WebConfig:
     """Read a web config file and check its schema, without opening the TLS files."""
     path = Path(path)

@@ -11,7 +11,6 @@ import ssl
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
-from urllib.parse import parse_qs
 
 import structlog
 
@@ -158,7 +157,7 @@ class ConnectionHandler(socketserver.BaseRequestHandler):
     def _respond(self, head: RequestHead) -> Response:
         self.server.watcher.maybe_reload()
         state = self.server.watcher.state
-        path, _, query = head.target.partition("?")
+        path = head.target.partition("?")[0]
         auth = state.auth
         if auth is not None and state.config.auth_required(path):
             verdict = auth.verdict(head.header("authorization"), str(self.client_address[0]))
@@ -170,12 +169,7 @@ class ConnectionHandler(socketserver.BaseRequestHandler):
         handler = self.server.routes.get(path)
         if handler is None:
             return _NOT_FOUND
-        request = Request(
-            method=head.method,
-            path=path,
-            query=parse_qs(query, keep_blank_values=True) if query else {},
-            headers=_Headers(head.headers),
-        )
+        request = Request(method=head.method, path=path, headers=_Headers(head.headers))
         try:
             response = handler(request)
             _check_headers((("Content-Type", response.content_type), *response.headers))

@@ -28,24 +28,35 @@ RELOAD_ERROR_REASONS = ("invalid", "downgrade")
 
 
 class WebCounters:
-    """Thread-safe counts, read per scrape through `collect()` (prometheus_client's protocol)."""
+    """Thread-safe counts, read per scrape through `collect()` (prometheus_client's protocol).
+
+    `version` changes whenever `collect()` would yield something new, so a scrape can
+    reuse the text of the last one while nothing was refused and no connection came or
+    went.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._rejected = dict.fromkeys(REJECT_REASONS, 0)
         self._reload_errors = dict.fromkeys(RELOAD_ERROR_REASONS, 0)
         self._connections = 0
+        self.version = 0
 
     def reject(self, reason: str) -> None:
         with self._lock:
             self._rejected[reason] = self._rejected.get(reason, 0) + 1
+            self.version += 1
 
     def reload_failed(self, reason: str) -> None:
         with self._lock:
             self._reload_errors[reason] = self._reload_errors.get(reason, 0) + 1
+            self.version += 1
 
     def set_connections(self, count: int) -> None:
-        self._connections = count
+        with self._lock:
+            if count != self._connections:
+                self._connections = count
+                self.version += 1
 
     def rejected(self) -> dict[str, int]:
         with self._lock:

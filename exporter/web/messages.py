@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """One GET or HEAD request; `headers` looks names up case-insensitively."""
+    """One GET or HEAD request; `headers` looks names up case-insensitively. `path` is the
+    target without its query string: no route reads one (Prometheus' scrape `params` are
+    accepted and ignored, as by any exporter without collector filters)."""
 
     method: str
     path: str
-    query: dict[str, list[str]]
     headers: Mapping[str, str]
 
 

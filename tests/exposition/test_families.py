@@ -12,10 +12,9 @@ from typing import Any
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.exposition import ExpositionCache
-from exporter.exposition.prefix_cache import PrefixCacheCollector
+from exporter.exposition import ExpositionCache, PrefixCacheCollector
 from exporter.state import StateStore
-from exporter.web.counters import WebCounters
+from exporter.web import WebCounters
 from tests.prefix_cache.helpers import recorded_views
 from tests.state.helpers import reports
 from tests.state.test_gpus import gpu

@@ -10,19 +10,24 @@ ExpositionCache and compares every step, plain and gzip.
 from __future__ import annotations
 
 import gzip
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client import exposition as text_format
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics import exposition as openmetrics_format
+from prometheus_client.registry import Collector
 from structlog.testing import capture_logs
 
 from exporter.capacity import EngineCapacity, GroupCapacity
-from exporter.exposition import LAYOUT, Column, ExpositionCache, engine_rows
+from exporter.exposition import LAYOUT, Column, ExpositionCache, PrefixCacheCollector, engine_rows
+from exporter.prefix_cache import LIFETIME_BUCKETS_S, PoolView, ResidencyView
 from exporter.state import (
     EngineReport,
     GpuProcessMemory,
@@ -31,6 +36,7 @@ from exporter.state import (
     Snapshot,
     StateStore,
 )
+from exporter.web import REJECT_REASONS, RELOAD_ERROR_REASONS, WebCounters
 from tests.exposition.test_families import rich_store
 from tests.state.helpers import reports as gemma_reports
 
@@ -216,3 +222,98 @@ def test_process_metrics_follow_the_cached_part_in_both_formats() -> None:
     assert om.startswith(reference(store.snapshot(), openmetrics=True).removesuffix(b"# EOF\n"))
     assert om.endswith(b"# EOF\n")
     assert om.count(b"# EOF") == 1
+
+
+# --- the per-scrape families ----------------------------------------------------------
+
+BUCKETS = len(LIFETIME_BUCKETS_S) + 1  # and +Inf
+pools = st.builds(
+    PoolView,
+    group=st.integers(0, 7),
+    medium=st.sampled_from(["GPU", "CPU", 'od"d', "ü\n"]),
+    resident_blocks=st.integers(0, 2**40),
+    block_size=st.none() | st.integers(1, 4096),
+    kind=st.none() | label_text,
+    stored_total=st.integers(0, 2**62),
+    removed_total=st.integers(0, 2**62),
+    lifetime_counts=st.lists(st.integers(0, 2**40), min_size=BUCKETS, max_size=BUCKETS).map(tuple),
+    lifetime_sum_s=st.floats(allow_nan=True),
+)
+residency_views = st.builds(
+    ResidencyView,
+    engine=label_text,
+    pools=st.lists(pools, max_size=3).map(tuple),
+    pool_blocks=st.none() | st.integers(0, 2**40),
+    approximate=st.booleans(),
+    approximate_reason=st.none() | label_text,
+    cleared_total=st.integers(0, 2**40),
+    events_received_total=st.integers(0, 2**62),
+    dropped_total=st.dictionaries(label_text, st.integers(0, 2**40), max_size=3),
+    gaps_total=st.integers(0, 2**40),
+    up=st.booleans(),
+)
+web_events = st.lists(
+    st.one_of(
+        st.tuples(st.just("reject"), st.sampled_from(REJECT_REASONS)),
+        st.tuples(st.just("reload"), st.sampled_from(RELOAD_ERROR_REASONS)),
+        st.tuples(st.just("connections"), st.integers(0, 100)),
+    ),
+    max_size=20,
+)
+
+
+def fake_proc(folder: Path, stat: list[int], max_fds: int, fds: int) -> ProcessCollector:
+    """A /proc of one process with the given stat fields, limit and open files."""
+    (folder / "stat").write_text("cpu  1 2 3\nbtime 1764590000\n")
+    (folder / "42" / "fd").mkdir(parents=True, exist_ok=True)
+    (folder / "42" / "stat").write_text("42 (py thon) S " + " ".join(map(str, stat)) + "\n")
+    (folder / "42" / "limits").write_text(
+        "Limit                     Soft Limit           Hard Limit           Units\n"
+        f"Max open files            {max_fds}                 {max_fds}                 files\n"
+    )
+    for name in os.listdir(folder / "42" / "fd"):
+        (folder / "42" / "fd" / name).unlink()
+    for fd in range(fds):
+        (folder / "42" / "fd" / str(fd)).touch()
+    return ProcessCollector(pid=lambda: 42, proc=str(folder), registry=None)
+
+
+@given(
+    views=st.lists(residency_views, max_size=3),
+    events=web_events,
+    stat=st.lists(st.integers(0, 2**50), min_size=22, max_size=22),
+    max_fds=st.integers(1, 2**20),
+    fds=st.integers(0, 5),
+)
+def test_the_per_scrape_families_render_as_prometheus_client_renders_them(
+    tmp_path_factory: pytest.TempPathFactory,
+    views: list[ResidencyView],
+    events: list[tuple[str, Any]],
+    stat: list[int],
+    max_fds: int,
+    fds: int,
+) -> None:
+    counters = WebCounters()
+    for kind, what in events:
+        if kind == "reject":
+            counters.reject(what)
+        elif kind == "reload":
+            counters.reload_failed(what)
+        else:
+            counters.set_connections(what)
+    process = fake_proc(tmp_path_factory.mktemp("proc"), stat, max_fds, fds)
+    collectors: list[Collector] = [counters, PrefixCacheCollector(lambda: views), process]
+    store = StateStore()
+    cache = ExpositionCache(store.snapshot, process_metrics=False, per_scrape=collectors)
+    registry = CollectorRegistry(auto_describe=False)
+    for collector in (_Families(store.snapshot()), *collectors):
+        registry.register(collector)
+    expected = {
+        False: text_format.generate_latest(registry),
+        True: openmetrics_format.generate_latest(registry),  # type: ignore[no-untyped-call]
+    }
+    for openmetrics in (False, True):
+        accept = OPENMETRICS if openmetrics else None
+        assert cache.body(accept=accept).content == expected[openmetrics]
+        zipped = cache.body(accept=accept, accept_encoding="gzip").content
+        assert gzip.decompress(zipped) == expected[openmetrics]

@@ -24,13 +24,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter.errors import ConfigError
-from exporter.web.config import (
-    BCRYPT_HASH,
-    WebConfig,
-    load_web_config,
-    parse_web_config,
-)
+from exporter.web import WebConfig
+from exporter.web.config import BCRYPT_HASH, parse_web_config
 from tests.fuzz.mutations import garbage, mutated
+from tests.web.conftest import served_config
 
 HASH = bcrypt.hashpw(b"wonderland", bcrypt.gensalt(rounds=4)).decode()
 BASE_DIR = Path("/etc/kvcap")
@@ -196,7 +193,7 @@ def test_the_valid_config_parses() -> None:
     assert dict(config.basic_auth_users) == {"alice": HASH, "bob": HASH}
 
 
-# --- load_web_config: the file on disk, TLS files loaded --------------------------------
+# --- the file on disk, TLS files loaded, as the server starts with it ------------------
 
 
 def _write_tls_files(folder: Path) -> None:
@@ -238,7 +235,7 @@ def load(folder: Path, content: bytes) -> WebConfig | None:
     path = folder / "web.yml"
     path.write_bytes(content)
     try:
-        return load_web_config(path)
+        return served_config(path)
     except ConfigError:
         return None
 
@@ -295,4 +292,4 @@ def test_a_nul_byte_in_a_file_path(tls_folder: Path) -> None:
     path = tls_folder / "nul.yml"
     path.write_text('tls_server_config: {cert_file: "a\\0b", key_file: server-key.pem}\n')
     with pytest.raises(ConfigError):
-        load_web_config(path)
+        served_config(path)

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from exporter.web import Handler, Request, Response, WebServer
+from exporter.web import Handler, Request, Response, WebConfig, WebConfigWatcher, WebServer
 
 # Cost 4, bcrypt's lowest: each check takes about a millisecond.
 ALICE_PASSWORD = "wonderland"
@@ -180,9 +180,15 @@ def tls_config(certs: Certs, **extra: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def served_config(path: Path) -> WebConfig:
+    """The web config a server started with `path` serves: read, checked and its TLS files
+    loaded, as WebServer.start() does (ConfigError where start() would raise it)."""
+    return WebConfigWatcher(path).state.config
+
+
 def echo(request: Request) -> Response:
     """A handler that answers with what it was asked, to check the Request it gets."""
-    body = f"{request.method} {request.path} {sorted(request.query.items())}".encode()
+    body = f"{request.method} {request.path}".encode()
     return Response(200, body, "text/plain; charset=utf-8", (("X-Test", "yes"),))
 
 

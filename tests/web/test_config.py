@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from exporter.errors import ConfigError
-from exporter.web import TlsConfig, WebConfig, load_web_config
+from exporter.web import TlsConfig, WebConfig
 from exporter.web.config import GO_CIPHER_SUITES, build_ssl_context, parse_web_config
-from tests.web.conftest import ALICE_HASH, Certs, get, tls_config
+from tests.web.conftest import ALICE_HASH, Certs, get, served_config, tls_config
 
 CERT = "  cert_file: {server_cert}\n  key_file: {server_key}\n"
 
@@ -152,7 +152,7 @@ def test_bad_config_names_the_field(tmp_path: Path, certs: Certs, text: str, mes
     config_file = tmp_path / "web.yml"
     config_file.write_text(_fill(text, certs))
     with pytest.raises(ConfigError) as raised:
-        load_web_config(config_file)
+        served_config(config_file)
     assert str(raised.value).startswith(_fill(message, certs)), str(raised.value)
 
 
@@ -167,20 +167,20 @@ def test_plain_password_is_not_echoed(tmp_path: Path) -> None:
     config_file = tmp_path / "web.yml"
     config_file.write_text("basic_auth_users:\n  alice: hunter2\n")
     with pytest.raises(ConfigError) as raised:
-        load_web_config(config_file)
+        served_config(config_file)
     assert "hunter2" not in str(raised.value)
 
 
 def test_unreadable_file_names_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"web config file .*missing\.yml: cannot read it"):
-        load_web_config(tmp_path / "missing.yml")
+        served_config(tmp_path / "missing.yml")
 
 
 @pytest.mark.parametrize("text", ["", "# only a comment\n", "{}\n", "basic_auth_users:\n"])
 def test_empty_config_is_plain_open_http(tmp_path: Path, text: str) -> None:
     config_file = tmp_path / "web.yml"
     config_file.write_text(text)
-    assert load_web_config(config_file) == WebConfig()
+    assert served_config(config_file) == WebConfig()
 
 
 def test_full_config_parses(tmp_path: Path, certs: Certs) -> None:
@@ -194,7 +194,7 @@ def test_full_config_parses(tmp_path: Path, certs: Certs) -> None:
         )
         + f"basic_auth_users:\n  alice: '{ALICE_HASH}'\n"
     )
-    config = load_web_config(config_file)
+    config = served_config(config_file)
     assert config.tls == TlsConfig(
         cert_file=certs.server_cert,
         key_file=certs.server_key,
@@ -210,7 +210,7 @@ def test_relative_paths_are_read_from_the_config_folder(certs: Certs) -> None:
     config_file.write_text(
         "tls_server_config:\n  cert_file: server.pem\n  key_file: server-key.pem\n"
     )
-    config = load_web_config(config_file)
+    config = served_config(config_file)
     assert config.tls is not None
     assert config.tls.cert_file == certs.server_cert
 
@@ -278,7 +278,7 @@ def documented(name: str, folder: Path, certs: Certs) -> Path:
 
 
 def test_the_documented_sample_loads_unchanged(tmp_path: Path, certs: Certs) -> None:
-    config = load_web_config(documented("exporter-toolkit-web-config.yml", tmp_path, certs))
+    config = served_config(documented("exporter-toolkit-web-config.yml", tmp_path, certs))
     assert config.tls is not None
     assert config.tls.cert_file == tmp_path / "server.crt"
     assert sorted(config.basic_auth_users) == ["alice", "bob"]
@@ -288,7 +288,7 @@ def test_the_documented_sample_loads_unchanged(tmp_path: Path, certs: Certs) -> 
 
 
 def test_documented_headers_are_read_in_order(tmp_path: Path, certs: Certs) -> None:
-    config = load_web_config(documented("exporter-toolkit-headers.yml", tmp_path, certs))
+    config = served_config(documented("exporter-toolkit-headers.yml", tmp_path, certs))
     assert config.response_headers == (
         ("X-Frame-Options", "deny"),
         ("Strict-Transport-Security", "max-age=31536000; includeSubDomains"),

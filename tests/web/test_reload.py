@@ -15,8 +15,8 @@ import pytest
 import structlog
 
 from exporter.errors import ConfigError
-from exporter.web import WebServer
-from exporter.web.reload import CHECK_INTERVAL_S, WebConfigWatcher
+from exporter.web import WebConfigWatcher, WebServer
+from exporter.web.reload import CHECK_INTERVAL_S
 from tests.web.conftest import (
     ALICE_HASH,
     ALICE_PASSWORD,
