@@ -134,6 +134,8 @@ class Exporter:
         cache = ExpositionCache(
             self.store.snapshot, per_scrape=[counters, PrefixCacheCollector(residency)]
         )
+        # Each new snapshot is rendered where it is made, so a scrape serves ready bytes.
+        self.store.subscribe(cache.prepare)
         self.server = WebServer(
             listen_address,
             build_routes(self.store.snapshot, cache, residency, active_flags),

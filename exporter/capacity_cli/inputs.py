@@ -22,8 +22,12 @@ from exporter.capacity_cli.memory import (
     estimate_parameters,
     parse_gpu_memory,
 )
-from exporter.collectors.parsing import VllmServeArgs, parse_vllm_serve_args, to_engine_settings
-from exporter.collectors.parsing.vllm_args import without_launcher
+from exporter.collectors.parsing import (
+    VllmServeArgs,
+    parse_vllm_serve_args,
+    to_engine_settings,
+    without_launcher,
+)
 from exporter.errors import ConfigError, KvcapError, UsageError
 from exporter.model_config import ResolvedModel, load_model_config, resolve_model
 

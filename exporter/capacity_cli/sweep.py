@@ -11,8 +11,7 @@ from typing import Any
 
 from exporter.capacity_cli.memory import GIB
 from exporter.capacity_cli.report import Outcome, table
-from exporter.collectors.parsing import VllmServeArgs
-from exporter.collectors.parsing.vllm_args import vllm_flag_value
+from exporter.collectors.parsing import VllmServeArgs, vllm_flag_value
 from exporter.errors import UsageError
 
 

@@ -2,8 +2,9 @@
 
 from exporter.exposition.app import build_routes
 from exporter.exposition.prefix_cache import PrefixCacheCollector
-from exporter.exposition.render import Body, ExpositionCache
+from exporter.exposition.render import Body, ExpositionCache, Renderer, VersionedCollector
 from exporter.exposition.tables import LAYOUT, Column, EngineRow, Placed, Table, engine_rows
+from exporter.exposition.text import families_text, sample_value
 
 __all__ = [
     "LAYOUT",
@@ -13,7 +14,11 @@ __all__ = [
     "ExpositionCache",
     "Placed",
     "PrefixCacheCollector",
+    "Renderer",
     "Table",
+    "VersionedCollector",
     "build_routes",
     "engine_rows",
+    "families_text",
+    "sample_value",
 ]

@@ -19,7 +19,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from exporter.prefix_cache.residency import LIFETIME_BUCKETS_S, PoolView, ResidencyView
+from exporter.prefix_cache import LIFETIME_BUCKETS_S, PoolView, ResidencyView
 
 POOL_LABELS = ("engine", "group", "medium")
 ENGINE_LABEL = ("engine",)

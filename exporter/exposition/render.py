@@ -6,12 +6,14 @@ laid out kept part first (what changes only with an engine's capacity, identity 
 and live part last (usage, timestamps, staleness, GPU memory, the exporter's health). Each
 engine's kept samples are bytes under a key of what they read; a new snapshot re-renders
 only engines whose key changed, and the kept part, its gzip chunk and its CRC-32 stay
-whole while no engine changed. The live part is rendered anew: a few hundred lines. Gzip
-bodies are those chunks joined (raw deflate blocks that end on a byte boundary, RFC 1951)
-in one gzip member. The process_* series, the prefix-cache residency (it changes with
-every KV event batch) and the HTTP server's counters are collected per scrape from
-prometheus_client collectors and appended. Output is byte-identical to what
-prometheus_client renders for the same families (tests/exposition/test_render.py).
+whole while no engine changed. The live part is rendered anew: a few hundred lines. That
+render runs when the snapshot is made (`prepare`, on the collector's thread), so a scrape
+only joins ready bytes. Gzip bodies are those chunks joined (raw deflate blocks that end on
+a byte boundary, RFC 1951) in one gzip member. The process_* series, the prefix-cache
+residency (it changes with every KV event batch) and the HTTP server's counters are
+collected per scrape from prometheus_client collectors and written by `families_text`.
+Output is byte-identical to what prometheus_client renders for the same families
+(tests/exposition/test_render.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import structlog
 from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
 
@@ -37,6 +40,8 @@ from exporter.exposition.text import (
     sample_value,
 )
 from exporter.state import Snapshot
+
+_log = structlog.get_logger("kvcap.exposition")
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -245,9 +250,6 @@ class _Rendered:
         self.live = live
         self._crcs: dict[bool, int] = {}
 
-    def plain(self, openmetrics: bool) -> bytes:
-        return self.kept.plain(openmetrics) + self.live.plain(openmetrics)
-
     def size(self, openmetrics: bool) -> int:
         return len(self.kept.plain(openmetrics)) + len(self.live.plain(openmetrics))
 
@@ -341,6 +343,7 @@ class ExpositionCache:
         self._lock = threading.Lock()
         self._renderer = Renderer()
         self._rendered: _Rendered | None = None
+        self._render_failing = False
         # CRC-32 of the kept block's plain text, per format, while that block lasts.
         self._kept_crcs: tuple[_Block | None, dict[bool, int]] = (None, {})
         process = [ProcessCollector(registry=None)] if process_metrics else []
@@ -355,7 +358,8 @@ class ExpositionCache:
             tail += _EOF
         content_type = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
         if not wants_gzip(accept_encoding):
-            return Body(rendered.plain(openmetrics) + tail, content_type, False)
+            parts = (rendered.kept.plain(openmetrics), rendered.live.plain(openmetrics), tail)
+            return Body(b"".join(parts), content_type, False)
         kept_crc = self._kept_crc(rendered.kept, openmetrics)
         crc = zlib.crc32(tail, rendered.crc(openmetrics, kept_crc))
         size = (rendered.size(openmetrics) + len(tail)) & 0xFFFFFFFF
@@ -369,6 +373,19 @@ class ExpositionCache:
             )
         )
         return Body(content, content_type, True)
+
+    def prepare(self) -> None:
+        """Render the current snapshot now, if it is not yet: called by the state after each
+        change, on the collector's thread, so the next scrape finds its bytes ready. A
+        failure here is left to that scrape, which renders again and answers 500."""
+        try:
+            self._current()
+        except Exception:
+            if not self._render_failing:  # logged once per run of failures
+                _log.exception("render_failed")
+            self._render_failing = True
+        else:
+            self._render_failing = False
 
     def _kept_crc(self, block: _Block, openmetrics: bool) -> int:
         """The kept block's CRC-32, computed once per block and format."""

@@ -11,6 +11,9 @@ from collections.abc import Iterable, Sequence
 from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString
 
+# Integers below 2**53 are exact as floats: their repr is their digits and ".0".
+_EXACT_INTS = 2**53
+
 
 def escape_label_value(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
@@ -33,6 +36,13 @@ def sample_prefix(
 
 def sample_value(value: float) -> str:
     """prometheus_client's own formatting of a value (Go's float format)."""
+    if type(value) is int and 0 <= value < _EXACT_INTS:
+        # Counts and token figures, most values of a body: the same text without the
+        # float round trip. Go writes 7 digits and more with an exponent.
+        digits = str(value)
+        if len(digits) <= 6:
+            return digits + ".0"
+        return f"{digits[0]}.{digits[1:]}".rstrip("0.") + f"e+{len(digits) - 1:02d}"
     # prometheus_client.utils has no type annotations.
     text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
     return text

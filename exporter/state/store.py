@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -116,9 +117,27 @@ class StateStore:
         self._version = 0
         self._snapshot = EMPTY
         self._merged: dict[str, tuple[tuple[Sighting, ...], EngineView]] = {}
+        self._listeners: list[Callable[[], None]] = []
 
     def snapshot(self) -> Snapshot:
         return self._snapshot
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call `listener` after each change of the data (not after a rejected input, which
+        changes a counter only), on the changing collector's thread, outside the lock.
+        The exporter renders the next /metrics body there, off the scrape path."""
+        self._listeners.append(listener)
+
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        """The lock; then, where a new snapshot was built under it, the listeners."""
+        with self._lock:
+            version = self._version
+            yield
+            changed = self._version != version
+        if changed:
+            for listener in self._listeners:
+                listener()
 
     def register_target(self, collector: str, target: str) -> None:
         with self._lock:
@@ -135,7 +154,7 @@ class StateStore:
     ) -> None:
         """A successful read: these are all the engines this target has now."""
         now = self._clock()
-        with self._lock:
+        with self._changing():
             entry = self._target(collector, target)
             entry.engines = {report.engine: _Heard(report, now) for report in reports}
             entry.stale = False
@@ -145,7 +164,7 @@ class StateStore:
     def update_engine(self, collector: str, target: str, report: EngineReport) -> None:
         """One engine of this target appeared or changed; its other engines stay."""
         now = self._clock()
-        with self._lock:
+        with self._changing():
             entry = self._target(collector, target)
             was = entry.engines.get(report.engine)
             if was is not None and was.stale:
@@ -158,7 +177,7 @@ class StateStore:
     ) -> None:
         """One engine left (a clean shutdown). The word of an older instance of the engine
         does not remove its restarted successor."""
-        with self._lock:
+        with self._changing():
             entry = self._targets.get((collector, target))
             heard = entry.engines.get(engine) if entry else None
             if entry is None or heard is None or heard.report.instance_id != instance_id:
@@ -172,7 +191,7 @@ class StateStore:
         """The collector has not heard from this engine within its liveness window: keep
         its last report, marked stale, until it is heard again or removed."""
         now = self._clock()
-        with self._lock:
+        with self._changing():
             entry = self._targets.get((collector, target))
             heard = entry.engines.get(engine) if entry else None
             if entry is None or heard is None or heard.report.instance_id != instance_id:
@@ -191,7 +210,7 @@ class StateStore:
     def forget(self, collector: str, target: str) -> None:
         """Drop every engine of a target the collector has given up on (a server gone past
         its forget window); its status and errors stay."""
-        with self._lock:
+        with self._changing():
             entry = self._targets.get((collector, target))
             if entry is None or not entry.engines:
                 return
@@ -210,7 +229,7 @@ class StateStore:
     ) -> None:
         """A failed read: count it and keep the last good data, marked stale unless the
         collector says it is still within its freshness window."""
-        with self._lock:
+        with self._changing():
             entry = self._target(collector, target)
             if entry.status.up or not entry.status.has_reported:
                 # Log once per state change, not once per poll.
@@ -245,7 +264,7 @@ class StateStore:
         """A successful GPU read: these are all the GPUs of this target now, in the order
         the engines' workers number them."""
         now = self._clock()
-        with self._lock:
+        with self._changing():
             entry = self._target(collector, target)
             self._gpus[(collector, target)] = tuple(gpus)
             self._succeeded(entry, now, duration_s)

@@ -25,8 +25,7 @@ import pytest
 import yaml
 
 from exporter.demo import DEMO_SERVED_NAME, demo_running
-from exporter.state import GpuReport
-from exporter.state.records import GpuProcessMemory
+from exporter.state import GpuProcessMemory, GpuReport
 from tests.integration.prometheus import Prometheus
 from tests.tools import missing
 

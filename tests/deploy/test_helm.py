@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from exporter import __version__
-from exporter.collectors.parsing.vllm_args import parse_vllm_serve_args
-from exporter.web.config import parse_web_config
+from exporter.collectors.parsing import parse_vllm_serve_args
+from exporter.web import parse_web_config
 from tests.deploy.conftest import (
     CHART,
     ROOT,

@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given
@@ -26,7 +27,14 @@ from prometheus_client.registry import Collector
 from structlog.testing import capture_logs
 
 from exporter.capacity import EngineCapacity, GroupCapacity
-from exporter.exposition import LAYOUT, Column, ExpositionCache, PrefixCacheCollector, engine_rows
+from exporter.exposition import (
+    LAYOUT,
+    Column,
+    ExpositionCache,
+    PrefixCacheCollector,
+    Renderer,
+    engine_rows,
+)
 from exporter.prefix_cache import LIFETIME_BUCKETS_S, PoolView, ResidencyView
 from exporter.state import (
     EngineReport,
@@ -317,3 +325,29 @@ def test_the_per_scrape_families_render_as_prometheus_client_renders_them(
         assert cache.body(accept=accept).content == expected[openmetrics]
         zipped = cache.body(accept=accept, accept_encoding="gzip").content
         assert gzip.decompress(zipped) == expected[openmetrics]
+
+
+def test_a_snapshot_prepared_after_a_change_is_served_without_rendering_again() -> None:
+    store = rich_store()
+    cache = ExpositionCache(store.snapshot, process_metrics=False)
+    store.subscribe(cache.prepare)
+    store.publish("vllm_http", "http://a", gemma_reports("gemma-3-27b-text-dp2-tp2"))
+    with patch.object(Renderer, "render", side_effect=AssertionError("rendered on the scrape")):
+        assert_same_as_prometheus_client(cache, store.snapshot())
+
+
+def test_a_render_that_fails_after_a_change_is_logged_once_and_left_to_the_scrape() -> None:
+    store = rich_store()
+    cache = ExpositionCache(store.snapshot, process_metrics=False)
+    store.subscribe(cache.prepare)
+    polled = gemma_reports("gemma-3-27b-text-dp2-tp2")
+    with (
+        patch.object(Renderer, "render", side_effect=ValueError("a bug")),
+        capture_logs() as logs,
+    ):
+        store.publish("vllm_http", "http://a", polled)  # the collector goes on
+        store.publish("vllm_http", "http://a", polled)
+        with pytest.raises(ValueError, match="a bug"):
+            cache.body()  # the scrape answers 500
+    assert [e["event"] for e in logs if e["event"] == "render_failed"] == ["render_failed"]
+    assert_same_as_prometheus_client(cache, store.snapshot())

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collectors.registry import Collector
+from exporter.collectors import Collector
 from exporter.serve import Exporter
 from exporter.state import StateStore
 

@@ -26,6 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families as text_fami
 from structlog.testing import capture_logs
 
 from exporter.collectors.parsing import (
+    MAX_LABEL_VALUE_CHARS,
+    MAX_LABELS_PER_SAMPLE,
     VLLM_FAMILIES,
     CacheConfigInfo,
     MalformedExposition,
@@ -34,7 +36,6 @@ from exporter.collectors.parsing import (
     parse_vllm_metrics,
     parse_vllm_serve_args,
 )
-from exporter.collectors.parsing.exposition import MAX_LABEL_VALUE_CHARS, MAX_LABELS_PER_SAMPLE
 from exporter.collectors.vllm_http_reports import (
     Deriver,
     ServerDocuments,

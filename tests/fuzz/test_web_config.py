@@ -24,8 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter.errors import ConfigError
-from exporter.web import WebConfig
-from exporter.web.config import BCRYPT_HASH, parse_web_config
+from exporter.web import BCRYPT_HASH, WebConfig, parse_web_config
 from tests.fuzz.mutations import garbage, mutated
 from tests.web.conftest import served_config
 

@@ -15,7 +15,7 @@ import socket
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.web.head import MAX_HEAD_BYTES, BadHead, HeadReader, HeadTimeout, parse_head
+from exporter.web import MAX_HEAD_BYTES, BadHead, HeadReader, HeadTimeout, parse_head
 
 CASES = int(os.environ.get("KVCAP_FUZZ_CASES", "2000"))
 # What real scrapers send: Prometheus, curl, a browser, and http.client with a body.

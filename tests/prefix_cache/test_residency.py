@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from exporter.kv_events_wire import decode_batch
-from exporter.prefix_cache.residency import LIFETIME_BUCKETS_S, EngineResidency
+from exporter.prefix_cache import LIFETIME_BUCKETS_S, EngineResidency
 from tests.kv_events_data import (
     EVICTIONS,
     LIVE_BLOCK_SIZE,

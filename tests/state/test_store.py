@@ -175,3 +175,22 @@ def test_engines_sort_numerically() -> None:
     many = [replace(reports()[0], engine=str(i)) for i in (10, 2, 1)]
     store.publish("vllm_http", "http://a", many)
     assert [v.engine for v in store.snapshot().engines] == ["1", "2", "10"]
+
+
+def test_listeners_hear_of_each_change_of_the_data_not_of_rejected_input() -> None:
+    store = StateStore()
+    heard: list[int] = []
+    store.subscribe(lambda: heard.append(store.snapshot().version))
+    engines = reports("gemma-3-27b-text-dp2-tp2")
+    store.register_target("vllm_http", "http://a")  # a status only: nothing to render yet
+    store.publish("vllm_http", "http://a", engines)
+    store.update_engine("handshake", "ipc://x", engines[0])
+    store.remove_engine("handshake", "ipc://x", "9", None)  # no such engine: no change
+    with capture_logs():
+        store.reject("handshake", "ipc://x", "malformed_frame", "garbage")
+        store.fail("vllm_http", "http://a", "timeout", "slow")
+    store.publish_gpus("nvml", "node", [])
+    assert len(heard) == 4
+    # Each heard the snapshot its change made, in order.
+    assert heard == sorted(heard)
+    assert heard[-1] == store.snapshot().version

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from exporter.errors import ConfigError
-from exporter.web.address import resolve_listen_address, split_host_port, url_host
+from exporter.web import resolve_listen_address, split_host_port, url_host
 
 
 @pytest.mark.parametrize(

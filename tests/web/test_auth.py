@@ -12,8 +12,7 @@ import bcrypt
 import pytest
 
 from exporter.errors import ConfigError
-from exporter.web import BasicAuth
-from exporter.web.auth import FairSlots
+from exporter.web import BasicAuth, FairSlots
 from tests.web.conftest import ALICE_HASH, ALICE_PASSWORD
 
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from exporter.errors import ConfigError
-from exporter.web import TlsConfig, WebConfig
-from exporter.web.config import GO_CIPHER_SUITES, build_ssl_context, parse_web_config
+from exporter.web import GO_CIPHER_SUITES, TlsConfig, WebConfig, build_ssl_context, parse_web_config
 from tests.web.conftest import ALICE_HASH, Certs, get, served_config, tls_config
 
 CERT = "  cert_file: {server_cert}\n  key_file: {server_key}\n"

@@ -12,8 +12,7 @@ from urllib.parse import urlsplit
 import pytest
 
 import exporter.web.connection as connection_module
-from exporter.web import Response, WebServer
-from exporter.web.head import MAX_HEAD_BYTES, BadHead, parse_head
+from exporter.web import MAX_HEAD_BYTES, BadHead, Response, WebServer, parse_head
 from tests.web.conftest import StartServer
 
 SMUGGLED = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"

@@ -15,8 +15,7 @@ import pytest
 import structlog
 
 from exporter.errors import ConfigError
-from exporter.web import WebConfigWatcher, WebServer
-from exporter.web.reload import CHECK_INTERVAL_S
+from exporter.web import CHECK_INTERVAL_S, WebConfigWatcher, WebServer
 from tests.web.conftest import (
     ALICE_HASH,
     ALICE_PASSWORD,

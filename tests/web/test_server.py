@@ -28,9 +28,17 @@ from tests.web.test_auth import basic
 
 def test_public_names() -> None:
     assert sorted(exporter.web.__all__) == [
+        "BCRYPT_HASH",
+        "BadHead",
         "BasicAuth",
+        "CHECK_INTERVAL_S",
         "DEFAULT_MAX_CONNECTIONS",
+        "FairSlots",
+        "GO_CIPHER_SUITES",
         "Handler",
+        "HeadReader",
+        "HeadTimeout",
+        "MAX_HEAD_BYTES",
         "REJECT_REASONS",
         "RELOAD_ERROR_REASONS",
         "Request",
@@ -41,6 +49,13 @@ def test_public_names() -> None:
         "WebConfigWatcher",
         "WebCounters",
         "WebServer",
+        "build_ssl_context",
+        "parse_head",
+        "parse_web_config",
+        "read_web_config_file",
+        "resolve_listen_address",
+        "split_host_port",
+        "url_host",
     ]
 
 
@@ -54,6 +69,20 @@ def test_get_passes_the_request_to_the_route(start_server: StartServer) -> None:
     assert reply.headers["Content-Length"] == str(len(reply.body))
     assert reply.headers["X-Test"] == "yes"
     assert reply.headers["Date"].endswith(" GMT")
+
+
+def test_a_body_larger_than_the_socket_buffers_arrives_whole(start_server: StartServer) -> None:
+    # 8 MiB: more than loopback's largest send buffer, so the write goes out in parts.
+    body = bytes(range(256)) * (32 * 1024)
+    server = start_server(routes={"/big": lambda request: Response(200, body, "text/plain")})
+    connection = connect(server.url)
+    try:
+        for _ in range(2):  # and the connection is usable after it
+            reply = fetch(connection, "/big")
+            assert reply.status == 200
+            assert reply.body == body
+    finally:
+        connection.close()
 
 
 def test_request_headers_are_case_insensitive(start_server: StartServer) -> None:

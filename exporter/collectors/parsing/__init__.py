@@ -5,6 +5,8 @@ No I/O happens here; collectors fetch the text and pass a string.
 
 from exporter.collectors.parsing.cache_config_info import CacheConfigInfo, parse_cache_config_info
 from exporter.collectors.parsing.exposition import (
+    MAX_LABEL_VALUE_CHARS,
+    MAX_LABELS_PER_SAMPLE,
     VLLM_FAMILIES,
     MalformedExposition,
     Sample,
@@ -14,9 +16,13 @@ from exporter.collectors.parsing.vllm_args import (
     VllmServeArgs,
     parse_vllm_serve_args,
     to_engine_settings,
+    vllm_flag_value,
+    without_launcher,
 )
 
 __all__ = [
+    "MAX_LABELS_PER_SAMPLE",
+    "MAX_LABEL_VALUE_CHARS",
     "VLLM_FAMILIES",
     "CacheConfigInfo",
     "MalformedExposition",
@@ -26,4 +32,6 @@ __all__ = [
     "parse_vllm_metrics",
     "parse_vllm_serve_args",
     "to_engine_settings",
+    "vllm_flag_value",
+    "without_launcher",
 ]

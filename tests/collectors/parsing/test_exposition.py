@@ -13,13 +13,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collectors import parsing
 from exporter.collectors.parsing import (
+    MAX_LABEL_VALUE_CHARS,
+    MAX_LABELS_PER_SAMPLE,
     VLLM_FAMILIES,
     MalformedExposition,
     Sample,
     parse_cache_config_info,
     parse_vllm_metrics,
 )
-from exporter.collectors.parsing.exposition import MAX_LABEL_VALUE_CHARS, MAX_LABELS_PER_SAMPLE
 from tests.conftest import GOLDEN
 
 EXPOSITIONS = GOLDEN / "expositions"
