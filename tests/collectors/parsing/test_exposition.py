@@ -48,6 +48,8 @@ def by_engine(samples: list[Sample]) -> dict[str, float]:
 def test_public_names() -> None:
     assert sorted(parsing.__all__) == [
         "CacheConfigInfo",
+        "MAX_LABELS_PER_SAMPLE",
+        "MAX_LABEL_VALUE_CHARS",
         "MalformedExposition",
         "Sample",
         "VLLM_FAMILIES",
@@ -56,6 +58,8 @@ def test_public_names() -> None:
         "parse_vllm_metrics",
         "parse_vllm_serve_args",
         "to_engine_settings",
+        "vllm_flag_value",
+        "without_launcher",
     ]
     assert issubclass(MalformedExposition, ValueError)
 
