@@ -40,13 +40,19 @@ import os
 import re
 import sys
 import tempfile
+import traceback
 import types
 from pathlib import Path
 from typing import Any
 
+import release_compat  # beside this script
+
 _STATE: list[bool] = []  # the process group is made once, under the first case's config
 _PLATFORM: list[str] = ["cpu"]  # the platform the release plans on: its own (cpu) or cuda
 _LOG_WORDS = ("KV cache size", "Maximum concurrency")
+# Case settings that are not EngineArgs: the KV memory, and environment variables
+# (e.g. VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE) set while the case plans.
+_NOT_FLAGS = ("available_kv_bytes_per_worker", "env")
 
 
 class _Capture(logging.Handler):
@@ -61,24 +67,8 @@ class _Capture(logging.Handler):
 
 
 def _specs_of(vllm_config: Any) -> dict[str, Any]:
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
-    from vllm.platforms import current_platform
-
-    try:
-        from vllm.config import get_layers_from_vllm_config
-    except ImportError:  # older releases keep it in vllm.config.vllm
-        from vllm.config.vllm import get_layers_from_vllm_config
-
-    current_platform.update_block_size_for_backend(vllm_config)
-    specs: dict[str, Any] = {}
-    for name, layer in get_layers_from_vllm_config(vllm_config, AttentionLayerBase).items():
-        if getattr(layer, "kv_sharing_target_layer_name", None):
-            continue
-        spec = layer.get_kv_cache_spec(vllm_config)
-        if spec is not None:
-            specs[name] = spec
-    return specs
+    release_compat.update_block_size(vllm_config)
+    return release_compat.layer_specs(vllm_config)
 
 
 def _attention_backends(vllm_config: Any) -> list[str]:
@@ -199,7 +189,7 @@ def run_one(case: dict[str, Any]) -> dict[str, Any]:
     settings = case["settings"]
     model_dir = Path(tempfile.mkdtemp())
     (model_dir / "config.json").write_text(json.dumps(case["hf_config"]))
-    flags = {k: v for k, v in settings.items() if k != "available_kv_bytes_per_worker"}
+    flags = {k: v for k, v in settings.items() if k not in _NOT_FLAGS}
     record: dict[str, Any] = {
         "id": case["id"],
         "model": case["model"],
@@ -208,6 +198,7 @@ def run_one(case: dict[str, Any]) -> dict[str, Any]:
         "platform": _PLATFORM[0],
         "settings": settings,
     }
+    environment = release_compat.case_environment(settings.get("env") or {})
     try:
         engine_args = EngineArgs(
             model=str(model_dir),
@@ -215,7 +206,7 @@ def run_one(case: dict[str, Any]) -> dict[str, Any]:
             skip_tokenizer_init=True,
             enforce_eager=True,
             dtype="bfloat16",
-            **{k: v for k, v in flags.items() if v is not None},
+            **release_compat.engine_flags(flags),
         )
         vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         with set_current_vllm_config(vllm_config):
@@ -223,11 +214,11 @@ def run_one(case: dict[str, Any]) -> dict[str, Any]:
             _build_model(vllm_config)
             record.update(_plan(vllm_config, settings, capture))
     except Exception as error:  # vLLM refused: the record says how
-        record["error"] = {"type": type(error).__name__, "message": str(error)}
         if os.environ.get("RELEASE_GOLDEN_TRACEBACK"):
-            import traceback
-
             traceback.print_exc()
+        record["error"] = {"type": type(error).__name__, "message": str(error)}
+    finally:
+        environment.restore()
     return record
 
 
@@ -245,21 +236,12 @@ def _plan(vllm_config: Any, settings: dict[str, Any], capture: _Capture) -> dict
     memory = settings["available_kv_bytes_per_worker"]
     before = vllm_config.model_config.max_model_len
     block_before = vllm_config.cache_config.block_size
-    configs = planning.get_kv_cache_configs(vllm_config, [specs], [memory])
-    scheduler = planning.generate_scheduler_kv_cache_config(configs)
+    scheduler = release_compat.plan(planning, vllm_config, specs, memory)
     groups = scheduler.kv_cache_groups
     block_size = _scheduler_block_size(groups)
     vllm_config.cache_config.block_size = block_size
     cache = vllm_config.cache_config
-    if hasattr(planning, "update_kv_cache_capacity"):  # 0.30 and later
-        planning.update_kv_cache_capacity(vllm_config, scheduler)
-    elif hasattr(planning, "get_kv_cache_capacity"):  # 0.24 to 0.27: in EngineCore
-        tokens, concurrency = planning.get_kv_cache_capacity(vllm_config, scheduler)
-        cache.kv_cache_size_tokens, cache.kv_cache_max_concurrency = tokens, concurrency
-    else:  # before 0.24 only the log has figures; the concurrency behind them:
-        concurrency = planning.get_max_concurrency_for_kv_cache_config(vllm_config, scheduler)
-        cache.kv_cache_max_concurrency = concurrency
-        cache.kv_cache_size_tokens = int(concurrency * vllm_config.model_config.max_model_len)
+    release_compat.capacity(planning, vllm_config, scheduler)
     record["resolved"] = {
         "block_size_before_planning": block_before,
         "max_num_batched_tokens": vllm_config.scheduler_config.max_num_batched_tokens,

@@ -1,0 +1,125 @@
+"""How scripts/release_golden.py calls each release's own code where its API differs.
+
+One small function per step whose API moved between releases (0.10 to 0.17 here). Each
+calls the release's own function or method; none computes a figure itself. The step is
+chosen by what the release has (a function, a method), not by its version number.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+
+def update_block_size(vllm_config: Any) -> None:
+    """0.18 and later let the platform pick the block size from the attention backend
+    (`update_block_size_for_backend`); before, `check_and_update_config` did it while
+    the config was made, so there is nothing left to do."""
+    from vllm.platforms import current_platform
+
+    update = getattr(type(current_platform), "update_block_size_for_backend", None)
+    if update is not None:
+        current_platform.update_block_size_for_backend(vllm_config)
+
+
+def layer_specs(vllm_config: Any) -> dict[str, Any]:
+    """Each layer's KV cache spec as the release's model runner asks for it."""
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    if not hasattr(AttentionLayerBase, "get_kv_cache_spec"):  # 0.10: the runner builds them
+        return _runner_specs(vllm_config)
+    try:
+        from vllm.config import get_layers_from_vllm_config
+    except ImportError:  # older releases keep it in vllm.config.vllm
+        from vllm.config.vllm import get_layers_from_vllm_config
+
+    specs: dict[str, Any] = {}
+    for name, layer in get_layers_from_vllm_config(vllm_config, AttentionLayerBase).items():
+        if getattr(layer, "kv_sharing_target_layer_name", None):
+            continue
+        spec = layer.get_kv_cache_spec(vllm_config)
+        if spec is not None:
+            specs[name] = spec
+    return specs
+
+
+def _runner_specs(vllm_config: Any) -> dict[str, Any]:
+    """0.10: `GPUModelRunner.get_kv_cache_spec` (the CPU runner inherits it) reads the
+    attention and Mamba layers itself; it is called on an object holding the few runner
+    attributes it reads, set as the runner's __init__ sets them."""
+    from vllm.utils import STR_DTYPE_TO_TORCH_DTYPE
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    model = vllm_config.model_config
+    cache = vllm_config.cache_config
+    runner = SimpleNamespace(
+        vllm_config=vllm_config,
+        kv_cache_dtype=(
+            model.dtype if cache.cache_dtype == "auto" else STR_DTYPE_TO_TORCH_DTYPE[cache.cache_dtype]
+        ),
+        attention_chunk_size=model.attention_chunk_size,
+        speculative_config=vllm_config.speculative_config,
+        shared_kv_cache_layers={},
+    )
+    specs: dict[str, Any] = GPUModelRunner.get_kv_cache_spec(runner)  # type: ignore[arg-type]
+    return specs
+
+
+def plan(planning: Any, vllm_config: Any, specs: dict[str, Any], memory: int) -> Any:
+    """The scheduler's KV cache config, as the release's EngineCore makes it."""
+    if hasattr(planning, "get_kv_cache_configs"):  # 0.11 and later
+        configs = planning.get_kv_cache_configs(vllm_config, [specs], [memory])
+        return planning.generate_scheduler_kv_cache_config(configs)
+    # 0.10: one config per worker, unified, and the first one is the scheduler's.
+    configs = [planning.get_kv_cache_config(vllm_config, specs, memory)]
+    planning.unify_kv_cache_configs(configs)
+    return configs[0]
+
+
+def capacity(planning: Any, vllm_config: Any, scheduler: Any) -> None:
+    """Store the release's tokens and concurrency on cache_config, as its engine does."""
+    cache = vllm_config.cache_config
+    if hasattr(planning, "update_kv_cache_capacity"):  # 0.30 and later
+        planning.update_kv_cache_capacity(vllm_config, scheduler)
+    elif hasattr(planning, "get_kv_cache_capacity"):  # 0.24 to 0.27: in EngineCore
+        tokens, concurrency = planning.get_kv_cache_capacity(vllm_config, scheduler)
+        cache.kv_cache_size_tokens, cache.kv_cache_max_concurrency = tokens, concurrency
+    else:  # before 0.24 only the log has figures; the concurrency behind them:
+        concurrency = planning.get_max_concurrency_for_kv_cache_config(vllm_config, scheduler)
+        cache.kv_cache_max_concurrency = concurrency
+        cache.kv_cache_size_tokens = int(concurrency * vllm_config.model_config.max_model_len)
+
+
+def engine_flags(flags: dict[str, Any]) -> dict[str, Any]:
+    """The case's flags as EngineArgs takes them: `kv_events_config` as the release's
+    own KVEventsConfig (its "null" publisher binds no socket)."""
+    out = {key: value for key, value in flags.items() if value is not None}
+    if isinstance(out.get("kv_events_config"), dict):
+        from vllm.config import KVEventsConfig
+
+        out["kv_events_config"] = KVEventsConfig(**out["kv_events_config"])
+    return out
+
+
+class _Environment:
+    """Environment variables set for one case, put back afterwards."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        import os
+
+        self._saved = {name: os.environ.get(name) for name in values}
+        os.environ.update(values)
+
+    def restore(self) -> None:
+        import os
+
+        for name, value in self._saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def case_environment(values: dict[str, str]) -> _Environment:
+    """Set a case's environment variables (vllm.envs reads them when asked)."""
+    return _Environment(values)
