@@ -121,5 +121,22 @@ class _Environment:
 
 
 def case_environment(values: dict[str, str]) -> _Environment:
-    """Set a case's environment variables (vllm.envs reads them when asked)."""
+    """Set a case's environment variables (vllm.envs reads them when asked). 0.10 sets
+    VLLM_USE_V1 itself while it makes a config; a fresh `vllm serve` has it unset."""
+    import os
+
+    os.environ.pop("VLLM_USE_V1", None)
     return _Environment(values)
+
+
+class V0Engine(Exception):
+    """The release runs this case on its V0 engine, whose planning is not this one."""
+
+
+def check_v1_engine() -> None:
+    """0.10 falls back to its V0 engine for what V1 does not support on the platform
+    (on CPU: sliding window); it says so by setting VLLM_USE_V1=0."""
+    import vllm.envs as envs
+
+    if "VLLM_USE_V1" in getattr(envs, "environment_variables", {}) and not envs.VLLM_USE_V1:
+        raise V0Engine("the release falls back to its V0 engine for this model on CPU")

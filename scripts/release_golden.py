@@ -209,6 +209,7 @@ def run_one(case: dict[str, Any]) -> dict[str, Any]:
             **release_compat.engine_flags(flags),
         )
         vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        release_compat.check_v1_engine()
         with set_current_vllm_config(vllm_config):
             _init_distributed()
             _build_model(vllm_config)

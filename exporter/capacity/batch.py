@@ -23,7 +23,10 @@ _SETTING_KEYS = (
     "enable_prefix_caching",
     "mamba_cache_dtype",
     "mamba_ssm_cache_dtype",
+    "disable_hybrid_kv_cache_manager",
 )
+# The environment variable of a record's `settings.env` that changes the plan.
+_CHUNKED_LOCAL_HYBRID_ENV = "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE"
 
 
 # Top-level keys of a case record, next to `settings`: what plans (default: cuda, and the
@@ -49,12 +52,32 @@ def settings_from_record(
         if value is None:
             continue
         expected = type(getattr(_DEFAULTS, key) if getattr(_DEFAULTS, key) is not None else 0)
-        if key == "enable_prefix_caching":
+        if key in ("enable_prefix_caching", "disable_hybrid_kv_cache_manager"):
             expected = bool
         if type(value) is not expected:
             raise ConfigError(f"settings.{key} must be {expected.__name__}, got {value!r}")
         values[key] = value
+    values.update(_switches(settings))
     return EngineSettings(**values)
+
+
+def _switches(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`kv_events_config` (any object: given) and the hybrid-manager environment variable."""
+    values: dict[str, Any] = {}
+    events = settings.get("kv_events_config")
+    if events is not None:
+        if not isinstance(events, Mapping):
+            raise ConfigError(f"settings.kv_events_config must be an object, got {events!r}")
+        values["kv_events"] = True
+    env = settings.get("env") or {}
+    if not isinstance(env, Mapping):
+        raise ConfigError(f"settings.env must be an object, got {env!r}")
+    flag = env.get(_CHUNKED_LOCAL_HYBRID_ENV)
+    if flag is not None:
+        if flag not in ("0", "1"):
+            raise ConfigError(f'settings.env.{_CHUNKED_LOCAL_HYBRID_ENV} must be "0" or "1"')
+        values["chunked_local_attn_with_hybrid_kv_cache"] = flag == "1"
+    return values
 
 
 _DEFAULTS = EngineSettings()

@@ -8,7 +8,7 @@ from typing import Any
 
 from exporter.capacity import families
 from exporter.capacity.families import AttentionLayer, BuildContext, MambaLayer, ModelLayout
-from exporter.capacity.grouping import GroupLayer, KvCacheGroup, group_layers
+from exporter.capacity.grouping import GroupLayer, KvCacheGroup, group_layers, unify_hybrid_specs
 from exporter.capacity.hf_config import HfConfig
 from exporter.capacity.layer_specs import (
     base_block_size,
@@ -44,6 +44,8 @@ from exporter.errors import (
     UnsupportedConfiguration,
 )
 
+# Mamba layer kinds whose model classes cache Mamba prefixes (SupportsMambaPrefixCaching).
+_MAMBA_PREFIX_CACHING = frozenset({"mamba1", "mamba2"})
 # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS: the floor when a platform turns chunked
 # prefill off.
 _NO_CHUNKED_PREFILL_MIN_BATCHED_TOKENS = 2048
@@ -126,6 +128,7 @@ class _Resolved:
     layout: ModelLayout
     family_name: str
     mode: MambaCacheMode
+    hybrid_manager: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,13 +186,7 @@ def _resolve_settings(hf: HfConfig, settings: EngineSettings) -> _Resolved:
     derived_len = hf.default_max_model_len()
     max_model_len = _resolve_max_model_len(hf, settings)
     layout, family_name, settings = _release_layout(hf, settings, release.rules)
-    # Mamba state is kept per block ("align") only where prefix caching needs it, unless
-    # the engine names its mode.
-    prefix_caching = settings.enable_prefix_caching is not False
-    has_mamba = any(isinstance(layer, MambaLayer) for layer in layout.layers)
-    mode: MambaCacheMode = "align" if prefix_caching and has_mamba else "none"
-    if has_mamba and settings.mamba_cache_mode is not None:
-        mode = "align" if settings.mamba_cache_mode == "align" else "none"
+    _check_engine(layout, rules, release.rules)
     return _Resolved(
         hf=hf,
         settings=settings,
@@ -199,8 +196,58 @@ def _resolve_settings(hf: HfConfig, settings: EngineSettings) -> _Resolved:
         max_model_len=max_model_len,
         layout=layout,
         family_name=family_name,
-        mode=mode,
+        mode=_mamba_cache_mode(layout, settings, release.rules),
+        hybrid_manager=_hybrid_manager_on(layout, settings, release.rules),
     )
+
+
+def _mamba_cache_mode(
+    layout: ModelLayout, settings: EngineSettings, release: RuleSet
+) -> MambaCacheMode:
+    """How a Mamba layer keeps its state: per block ("align", "all") only where prefix
+    caching needs it, unless the engine names its mode."""
+    mamba = [layer for layer in layout.layers if isinstance(layer, MambaLayer)]
+    if not mamba:
+        return "none"
+    if settings.mamba_cache_mode is not None:
+        return "align" if settings.mamba_cache_mode == "align" else "none"
+    if settings.enable_prefix_caching is False or release.mamba_pages == "one":
+        return "none"
+    # Mamba1/Mamba2 models cache every block's state (SupportsMambaPrefixCaching).
+    every_block = all(layer.mamba_type in _MAMBA_PREFIX_CACHING for layer in mamba)
+    if release.prefix_caching_mamba_all and every_block:
+        return "all"
+    if release.mamba_pages == "per_block":
+        return "none"  # the model class does not cache Mamba prefixes: prefix caching off
+    return "align"
+
+
+def _hybrid_manager_on(layout: ModelLayout, settings: EngineSettings, release: RuleSet) -> bool:
+    """Whether each kind of layer gets its own KV cache groups (vLLM's config decides)."""
+    if settings.disable_hybrid_kv_cache_manager:
+        return False
+    if settings.kv_events and release.kv_events_hybrid_off:
+        return False
+    chunked = any(
+        isinstance(layer, AttentionLayer) and layer.attention_chunk_size is not None
+        for layer in layout.layers
+    )
+    allowed = settings.chunked_local_attn_with_hybrid_kv_cache
+    if allowed is None:
+        allowed = not release.chunked_local_hybrid_off
+    return not (chunked and not allowed)
+
+
+def _check_engine(layout: ModelLayout, platform: PlatformRules, release: RuleSet) -> None:
+    sliding = any(
+        isinstance(layer, AttentionLayer) and layer.sliding_window is not None
+        for layer in layout.layers
+    )
+    if sliding and platform.name == CPU and release.cpu_sliding_window_v0:
+        raise UnsupportedConfiguration(
+            f"vLLM {release.name} runs sliding-window models on CPU with its V0 engine, "
+            "whose KV cache plan kvcap does not model"
+        )
 
 
 def _build_groups(r: _Resolved) -> _Groups:
@@ -225,9 +272,10 @@ def _build_groups(r: _Resolved) -> _Groups:
             r.rules.kernel_block_multiple if r.release_rules.sliding_block_kernel_min else None
         ),
     )
-    groups = group_layers(
-        [GroupLayer(layer.name, layer.decoder_index, spec) for layer, spec in specs]
-    )
+    layers = [GroupLayer(layer.name, layer.decoder_index, spec) for layer, spec in specs]
+    if not r.hybrid_manager:
+        layers = unify_hybrid_specs(layers)
+    groups = group_layers(layers, r.release_rules)
     if not groups:
         raise CapacityError(f"{r.hf.architecture} has no KV cache (attention-free model)")
     return _Groups(kv_cache_dtype=kv.name, specs=specs, groups=groups)
@@ -475,7 +523,9 @@ def _describe(group: KvCacheGroup, first_stage: range, limits: RequestLimits) ->
 def _scheduler_block_size(groups: list[KvCacheGroup], mode: MambaCacheMode) -> int:
     """The smallest block size among prefix-cacheable groups (cache_config.block_size)."""
     sizes = [
-        g.spec.block_size for g in groups if not isinstance(g.spec, MambaSpec) or mode == "align"
+        g.spec.block_size
+        for g in groups
+        if not isinstance(g.spec, MambaSpec) or mode in ("align", "all")
     ]
     return min(sizes) if sizes else groups[0].spec.block_size
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from exporter.capacity.releases import RuleSet
 from exporter.capacity.specs import (
     AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
     KvCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
@@ -42,16 +45,67 @@ class KvCacheGroup:
         return self.spec.max_memory_usage_bytes(limits)
 
 
-def group_layers(layers: Sequence[GroupLayer]) -> list[KvCacheGroup]:
-    """vLLM's get_kv_cache_groups for the hybrid KV cache manager (the default)."""
+def group_layers(layers: Sequence[GroupLayer], release: RuleSet) -> list[KvCacheGroup]:
+    """vLLM's get_kv_cache_groups for the hybrid KV cache manager (the default), as
+    `release` forms them."""
     if not layers:
         return []
     specs = [layer.spec for layer in layers]
     if all(spec == specs[0] for spec in specs):
         return [KvCacheGroup(tuple(layers))]
-    if _uniform_type(specs):
+    if release.uniform_type_group and _uniform_type(specs):
         return [KvCacheGroup(tuple(layers))]
-    return _group_uniform_page_size(_unify_page_size(layers))
+    if release.page_size_unification:
+        layers = _unify_page_size(layers)
+    elif len({spec.page_size_bytes for spec in specs}) > 1:
+        error = UnsupportedConfiguration(
+            f"vLLM {release.name} plans only layers with one page size (pages of "
+            f"{sorted({spec.page_size_bytes for spec in specs})} B)"
+        )
+        error.vllm_error_type = "NotImplementedError"
+        raise error
+    return _group_uniform_page_size(layers, release)
+
+
+def unify_hybrid_specs(layers: Sequence[GroupLayer]) -> list[GroupLayer]:
+    """The hybrid manager off: sliding-window and chunked layers beside full attention
+    keep every token, as full attention does (vLLM's unify_hybrid_kv_cache_specs)."""
+    specs = [layer.spec for layer in layers]
+    if all(spec == specs[0] for spec in specs) or _uniform_type(specs):
+        return list(layers)
+    local = (SlidingWindowSpec, ChunkedLocalAttentionSpec)
+    has_full = any(isinstance(spec, FullAttentionSpec) for spec in specs)
+    unified = list(layers)
+    if has_full and any(isinstance(spec, local) for spec in specs):
+        unified = [
+            replace(layer, spec=_as_full_attention(layer.spec))
+            if isinstance(layer.spec, local)
+            else layer
+            for layer in layers
+        ]
+    specs = [layer.spec for layer in unified]
+    if not (all(spec == specs[0] for spec in specs) or _uniform_type(specs)):
+        error = UnsupportedConfiguration(
+            "Hybrid KV cache manager is disabled but failed to convert the KV cache specs "
+            "to one unified type."
+        )
+        error.vllm_error_type = "ValueError"
+        raise error
+    return unified
+
+
+def _as_full_attention(spec: KvCacheSpec) -> FullAttentionSpec:
+    assert isinstance(spec, AttentionSpec)
+    return FullAttentionSpec(
+        block_size=spec.block_size,
+        num_kv_heads=spec.num_kv_heads,
+        head_size=spec.head_size,
+        head_size_v=spec.head_size_v,
+        dtype_bytes=spec.dtype_bytes,
+        state_content_bytes=spec.state_content_bytes,
+        num_head_slots=spec.num_head_slots,
+        page_size_padded=spec.page_size_padded,
+    )
 
 
 def _uniform_type(specs: Sequence[KvCacheSpec]) -> bool:
@@ -106,11 +160,11 @@ def _unify_page_size(layers: Sequence[GroupLayer]) -> list[GroupLayer]:
     return unified
 
 
-def _group_uniform_page_size(layers: Sequence[GroupLayer]) -> list[KvCacheGroup]:
+def _group_uniform_page_size(layers: Sequence[GroupLayer], release: RuleSet) -> list[KvCacheGroup]:
     """Split same-spec buckets into groups of about the smallest bucket's size.
 
     A bucket is cut into strided slices (layers i, i+k, i+2k, ...) so each pipeline
-    stage gets a share of every group.
+    stage gets a share of every group (before 0.11: contiguous slices).
     """
     buckets: dict[KvCacheSpec, list[GroupLayer]] = {}
     for layer in layers:
@@ -119,9 +173,16 @@ def _group_uniform_page_size(layers: Sequence[GroupLayer]) -> list[KvCacheGroup]
     smallest, largest = min(sizes), max(sizes)
     # Nearly equal buckets share one group size; otherwise the smallest bucket sets it
     # and the larger buckets are split (the rest of a shared block is padding).
-    group_size = largest if largest < 1.5 * smallest else smallest
+    ratio = release.group_size_ratio
+    group_size = largest if ratio is not None and largest < ratio * smallest else smallest
     groups: list[KvCacheGroup] = []
     for bucket in buckets.values():
         slices = cdiv(len(bucket), group_size)
-        groups.extend(KvCacheGroup(tuple(bucket[i::slices])) for i in range(slices))
+        if release.strided_groups:
+            groups.extend(KvCacheGroup(tuple(bucket[i::slices])) for i in range(slices))
+        else:
+            groups.extend(
+                KvCacheGroup(tuple(bucket[i : i + group_size]))
+                for i in range(0, len(bucket), group_size)
+            )
     return groups

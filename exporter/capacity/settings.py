@@ -60,6 +60,12 @@ class EngineSettings:
     vllm_version: str | None = None
     # `--mamba-cache-mode`: None lets vLLM choose (align with prefix caching, else none).
     mamba_cache_mode: str | None = None
+    # `--disable-hybrid-kv-cache-manager`; `--kv-events-config` given (before 0.20 it turns
+    # the hybrid manager off); VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE (None:
+    # the release's default).
+    disable_hybrid_kv_cache_manager: bool = False
+    kv_events: bool = False
+    chunked_local_attn_with_hybrid_kv_cache: bool | None = None
 
     def __post_init__(self) -> None:
         platform_rules(self.platform)  # an unknown platform is a ConfigError

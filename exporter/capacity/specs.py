@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
-MambaCacheMode = Literal["align", "none"]
+# "all": the state of every block is kept (vLLM 0.11 with prefix caching, and
+# --mamba-cache-mode all), so a request holds cdiv(max_model_len, block_size) pages.
+MambaCacheMode = Literal["align", "none", "all"]
 
 
 def cdiv(a: int, b: int) -> int:
@@ -156,6 +158,8 @@ class MambaSpec:
         return self.page_size_padded if self.page_size_padded is not None else self.state_bytes
 
     def max_memory_usage_bytes(self, limits: RequestLimits) -> int:
+        if limits.mamba_cache_mode == "all":
+            return cdiv(limits.max_model_len, self.block_size) * self.page_size_bytes
         if limits.mamba_cache_mode == "align":
             # The running state, the one being written, checkpoints and speculation.
             blocks = 2 + self.speculative_blocks + self.prefill_checkpoint_blocks

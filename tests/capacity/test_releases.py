@@ -40,8 +40,12 @@ def test_entries_are_in_release_order_and_each_names_what_it_follows() -> None:
 @pytest.mark.parametrize(
     ("version", "rules_of", "approximate"),
     [
-        ("0.18.1", "0.10.0", False),
-        ("0.20.0", "0.10.0", False),
+        ("0.10.2", "0.10.1", False),
+        ("0.11.1", "0.11.0", False),
+        ("0.15.1", "0.15.0", False),
+        ("0.18.1", "0.18.0", False),
+        ("0.19.1", "0.18.0", False),
+        ("0.20.0", "0.20.0", False),
         ("0.20.1", "0.20.1", False),
         ("0.28.3", "0.27.0", False),  # between two entries: the older one
         ("0.33.0", "0.33.0", False),
