@@ -64,7 +64,19 @@ def group_layers(layers: Sequence[GroupLayer], release: RuleSet) -> list[KvCache
         )
         error.vllm_error_type = "NotImplementedError"
         raise error
-    return _group_uniform_page_size(layers, release)
+    groups = _group_uniform_page_size(layers, release)
+    if release.groups_sorted_by_spec:
+        groups.sort(key=lambda group: _spec_order(group.spec))
+    return groups
+
+
+def _spec_order(spec: KvCacheSpec) -> tuple[object, ...]:
+    """vLLM 0.10's sort key: the spec class name, then its fields in declaration order
+    (block size, then KV heads and head size, or the Mamba state shapes)."""
+    if isinstance(spec, MambaSpec):
+        return (spec.spec_type, spec.block_size, spec.shapes)
+    assert isinstance(spec, AttentionSpec)
+    return (spec.spec_type, spec.block_size, spec.num_kv_heads, spec.head_size)
 
 
 def unify_hybrid_specs(layers: Sequence[GroupLayer]) -> list[GroupLayer]:

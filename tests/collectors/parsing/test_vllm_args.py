@@ -20,7 +20,7 @@ from exporter.collectors.parsing import (
     to_engine_settings,
     vllm_args,
 )
-from exporter.errors import ConfigError
+from exporter.errors import ConfigError, UsageError
 from tests.conftest import GOLDEN
 
 DEPLOYMENTS = sorted(
@@ -194,7 +194,7 @@ VALUED = [
     "--host=0.0.0.0",
     "-q awq",
     "--compilation-config.level 3",
-    "--kv-events-config '{\"enable_kv_cache_events\": true}'",
+    '--kv-transfer-config \'{"kv_connector": "X"}\'',
     "--api-server-count 2",
     "--middleware",
 ]
@@ -216,6 +216,32 @@ def test_unknown_flags_are_skipped(unknown: str) -> None:
         assert parse_vllm_serve_args(command) == VllmServeArgs(
             model="/models/x", tensor_parallel_size=2, max_model_len=4096
         ), command
+
+
+def test_the_flags_that_turn_the_hybrid_kv_cache_manager_off_are_read() -> None:
+    args = parse_vllm_serve_args(
+        "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 OTHER=x vllm serve /m "
+        "--kv-events-config '{\"enable_kv_cache_events\": true}' --disable-hybrid-kv-cache-manager"
+    )
+    assert args == VllmServeArgs(
+        model="/m",
+        kv_events=True,
+        disable_hybrid_kv_cache_manager=True,
+        chunked_local_attn_with_hybrid_kv_cache=True,
+    )
+    settings = to_engine_settings(args)
+    assert (settings.kv_events, settings.disable_hybrid_kv_cache_manager) == (True, True)
+    assert settings.chunked_local_attn_with_hybrid_kv_cache is True
+    off = parse_vllm_serve_args(
+        "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0 /m "
+        "--no-disable-hybrid-kv-cache-manager"
+    )
+    assert off.chunked_local_attn_with_hybrid_kv_cache is False
+    assert off.disable_hybrid_kv_cache_manager is False
+    with pytest.raises(UsageError, match="JSON object"):
+        parse_vllm_serve_args("/m --kv-events-config 12")
+    with pytest.raises(UsageError, match="must be an integer"):
+        parse_vllm_serve_args("VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=yes /m")
 
 
 def test_an_unknown_switch_takes_a_boolean_literal() -> None:
