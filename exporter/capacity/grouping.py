@@ -56,7 +56,7 @@ def group_layers(layers: Sequence[GroupLayer], release: RuleSet) -> list[KvCache
     if release.uniform_type_group and _uniform_type(specs):
         return [KvCacheGroup(tuple(layers))]
     if release.page_size_unification:
-        layers = _unify_page_size(layers)
+        layers = _unify_page_size(layers, padding=release.page_padding)
     elif len({spec.page_size_bytes for spec in specs}) > 1:
         error = UnsupportedConfiguration(
             f"vLLM {release.name} plans only layers with one page size (pages of "
@@ -145,8 +145,9 @@ def _uniform_type(specs: Sequence[KvCacheSpec]) -> bool:
     return len(chunks) == 1
 
 
-def _unify_page_size(layers: Sequence[GroupLayer]) -> list[GroupLayer]:
-    """Make every page the largest page: grow attention blocks or pad the rest."""
+def _unify_page_size(layers: Sequence[GroupLayer], *, padding: bool) -> list[GroupLayer]:
+    """Make every page the largest page: grow attention blocks or pad the rest (before
+    0.24 a page that does not divide the largest is refused)."""
     largest = max(layer.spec.page_size_bytes for layer in layers)
     unified: list[GroupLayer] = []
     for layer in layers:
@@ -156,6 +157,13 @@ def _unify_page_size(layers: Sequence[GroupLayer]) -> list[GroupLayer]:
             unified.append(layer)
             continue
         new_spec: KvCacheSpec
+        if largest % page and not padding:
+            error = UnsupportedConfiguration(
+                "The page size of the layer is not divisible by the maximum page size. "
+                f"Cannot unify by adjusting block_size ({page} B vs {largest} B)."
+            )
+            error.vllm_error_type = "NotImplementedError"
+            raise error
         if isinstance(spec, MambaSpec):
             new_spec = replace(spec, page_size_padded=largest)
         elif largest % page == 0:

