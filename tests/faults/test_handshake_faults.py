@@ -27,8 +27,10 @@ from tests.conftest import GOLDEN
 from tests.faults.harness import SLACK_S, wait_for
 
 READY = GOLDEN / "handshake" / "llama-3.1-8b-dp2-tp1.engine0.msgpack"
-# The handshake carries no polling: a ready message is in the state within milliseconds.
-HANDSHAKE_DEADLINE_S = 0.05
+# The handshake carries no polling: a ready message is in the state within milliseconds
+# (benchmarks/handshake.py measures how many); this bound is a tenth of the default poll
+# interval (5 s), with room for 2 busy cores.
+HANDSHAKE_DEADLINE_S = 0.5
 # ZMQ retries a lost connection every 100 ms (ZMQ_RECONNECT_IVL); measured from the send,
 # the first message after a sidecar restart arrives in about 185 ms.
 RECONNECT_S = 0.2
