@@ -99,11 +99,13 @@ def platform_rules(name: str, release: RuleSet | None = None) -> PlatformRules:
     except KeyError:
         known = ", ".join(PLATFORMS)
         raise ConfigError(f"unknown platform {name!r} (known: {known})") from None
-    if name == CPU and release is not None:
-        rules = replace(
+    if release is None:
+        return rules
+    if name == CPU:
+        return replace(
             rules,
             kernel_block_multiple=release.cpu_kernel_block_multiple,
             ssm_state_float32=release.cpu_ssm_float32,
             hybrid_block=release.cpu_hybrid_block,
         )
-    return rules
+    return replace(rules, gdn_checkpoints=release.cuda_gdn_checkpoints)

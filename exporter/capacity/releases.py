@@ -99,6 +99,9 @@ class RuleSet:
     # With prefix caching on, a Mamba1/Mamba2 model's state is cached for every block
     # (mamba_cache_mode "all"); otherwise "align".
     prefix_caching_mamba_all: bool
+    # CUDA: gated-delta-net layers keep prefill checkpoints (64-token grid, one more state
+    # block per request) where the prefill backend exports them (FlashInfer on Hopper).
+    cuda_gdn_checkpoints: bool
 
     @property
     def name(self) -> str:
@@ -132,6 +135,7 @@ _FIRST = RuleSet(
     hybrid_alignment="config_16",
     mamba_pages="one",
     prefix_caching_mamba_all=False,
+    cuda_gdn_checkpoints=False,
 )
 
 
@@ -238,8 +242,15 @@ def _releases() -> tuple[RuleSet, ...]:
         source="model_executor/layers/mamba/mamba_mixer2.py (PR not identified)",
         mamba2_prefill_checkpoint=True,
     )
-    # Planning code moves to kv_cache_planning.py; the figures do not change.
-    change((0, 33, 0), (), source="v1/core/kv_cache_planning.py (no figure changes)")
+    # Planning code moves to kv_cache_planning.py. CUDA: the gated-delta-net layers export
+    # FlashInfer's prefill checkpoints (0.32.0's GDN spec has none: the CUDA records).
+    change(
+        (0, 33, 0),
+        (),
+        source="v1/core/kv_cache_planning.py; model_executor/layers/mamba/gdn/"
+        "qwen_gdn_linear_attn.py (PR not identified)",
+        cuda_gdn_checkpoints=True,
+    )
     return tuple(entries)
 
 
