@@ -149,6 +149,22 @@ def _resolve_layout(vllm_config: Any, specs: dict[str, Any]) -> None:
     record_kv_cache_layout(vllm_config.cache_config, layout.name)
 
 
+def _plan_global_groups(
+    planning: Any, vllm_config: Any, specs: dict[str, Any], memory: int
+) -> Any | None:
+    """0.33 and later: EngineCore registers the spec classes and plans the global groups
+    first (`v1/core/kv_cache_planning.py`); None for older releases."""
+    try:
+        from vllm.v1.core import kv_cache_planning
+        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+    except ImportError:
+        return None
+    register_all_kvcache_specs(vllm_config)
+    groups = kv_cache_planning.get_global_kv_cache_groups(vllm_config, [specs])
+    configs = kv_cache_planning.get_kv_cache_configs(vllm_config, [specs], [memory], groups)
+    return planning.generate_scheduler_kv_cache_config(configs)
+
+
 def _scheduler_block_size(groups: list[Any]) -> int:
     """cache_config.block_size after planning: the smallest block size of the groups that
     take part in prefix caching (0.30 and later skip the groups that opt out)."""
@@ -237,7 +253,9 @@ def _plan(vllm_config: Any, settings: dict[str, Any], capture: _Capture) -> dict
     memory = settings["available_kv_bytes_per_worker"]
     before = vllm_config.model_config.max_model_len
     block_before = vllm_config.cache_config.block_size
-    scheduler = release_compat.plan(planning, vllm_config, specs, memory)
+    scheduler = _plan_global_groups(planning, vllm_config, specs, memory)
+    if scheduler is None:
+        scheduler = release_compat.plan(planning, vllm_config, specs, memory)
     groups = scheduler.kv_cache_groups
     block_size = _scheduler_block_size(groups)
     vllm_config.cache_config.block_size = block_size
