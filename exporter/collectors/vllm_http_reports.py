@@ -34,7 +34,9 @@ from exporter.collectors.parsing import (
     MalformedExposition,
     Sample,
     VllmServeArgs,
+    offload_from_cache_config,
     parse_cache_config_info,
+    parse_offload_info,
     parse_vllm_metrics,
     to_engine_settings,
 )
@@ -43,6 +45,7 @@ from exporter.errors import ConfigError, KvcapError
 from exporter.state import (
     EngineReport,
     KvUsage,
+    OffloadTier,
     SettingsMismatch,
     engine_number,
     engine_sort_key,
@@ -106,6 +109,7 @@ class _ServerFacts:
     max_model_len: int | None
     length_error: str | None
     told: tuple[SettingsMismatch, ...]
+    offload: Mapping[str, tuple[OffloadTier, ...]]
 
 
 def read_server(
@@ -125,7 +129,8 @@ def read_server(
     running = _by_engine(samples["vllm:num_requests_running"])
     waiting = _by_engine(samples["vllm:num_requests_waiting"])
     names = _model_names(samples)
-    engines = sorted(set(infos) | set(usage) | set(running), key=engine_sort_key)
+    offload = _offload_tiers(samples, infos)
+    engines = sorted(set(infos) | set(usage) | set(running) | set(offload), key=engine_sort_key)
     _check_bounds(engines, names, max_engines)
     blocks_of, approximate = _blocks_per_engine(infos)
     model = served_model(documents.models)
@@ -146,6 +151,7 @@ def read_server(
             args, served_name=_json_text(model.get("id")), max_model_len=max_model_len,
             engines=len(engines),
         ),
+        offload=offload,
     )  # fmt: skip
     warnings: list[tuple[str, str]] = []
     if approximate:
@@ -207,6 +213,7 @@ def _engine_report(
         world_size=_world_size(args),
         local_rank=_local_rank(engine, args),
         settings_warnings=facts.told + engine_mismatches(args, info, _block_size(plan)),
+        offload=facts.offload.get(engine, ()),
     )
 
 
@@ -248,6 +255,22 @@ def _local_rank(engine: str, args: VllmServeArgs | None) -> int | None:
 def _engine(label: str) -> str:
     # vLLM's old V0 engine wrote no engine label: it had exactly one engine, index 0.
     return label or "0"
+
+
+def _offload_tiers(
+    samples: Mapping[str, list[Sample]], infos: Mapping[str, CacheConfigInfo]
+) -> dict[str, tuple[OffloadTier, ...]]:
+    """Each engine's offload tiers: vllm:kv_offload_config_info's where the engine has that
+    series (it appears with the engine's first scheduler step), else the size released vLLM
+    shows in cache_config_info."""
+    tiers = {
+        _engine(label): found
+        for label, found in parse_offload_info(samples["vllm:kv_offload_config_info"]).items()
+    }
+    for engine, info in infos.items():
+        if engine not in tiers and (configured := offload_from_cache_config(info)):
+            tiers[engine] = configured
+    return {engine: found for engine, found in tiers.items() if found}
 
 
 def _by_engine(samples: list[Sample]) -> dict[str, float]:

@@ -20,6 +20,7 @@ from exporter.state import (
     EngineView,
     GpuProcessMemory,
     GpuReport,
+    OffloadTier,
     Snapshot,
 )
 
@@ -97,6 +98,7 @@ class EngineRow:
             v.capacity,
             self.gpus,
             v.settings_warnings,
+            v.offload,
         )
 
 
@@ -113,6 +115,18 @@ class GroupRow:
     engine: EngineRow
     index: int
     group: GroupCapacity
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadRow:
+    """One KV offload tier of an engine."""
+
+    engine: EngineRow
+    tier: OffloadTier
+
+
+def offload_rows(row: EngineRow) -> list[OffloadRow]:
+    return [OffloadRow(row, tier) for tier in row.view.offload]
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,6 +498,31 @@ SETTINGS: Table[SettingsRow] = Table(
     ),
 )
 
+OFFLOAD: Table[OffloadRow] = Table(
+    (*ENGINE_LABELS, "medium"),
+    lambda r: (r.engine.view.engine, r.engine.view.model_name, r.tier.medium),
+    (
+        Column(
+            "kvcap_kv_offload_capacity_tokens",
+            "KV tokens the engine's offload tier (medium: cpu) holds when full, at the best "
+            "request length up to max_model_len: vLLM's bound (vllm:kv_offload_config_info).",
+            lambda r: r.tier.capacity_tokens,
+        ),
+        Column(
+            "kvcap_kv_offload_capacity_blocks",
+            "Size of the engine's offload tier in GPU KV cache blocks: chunks x blocks per "
+            "chunk (vllm:kv_offload_config_info).",
+            lambda r: r.tier.capacity_blocks,
+        ),
+        Column(
+            "kvcap_kv_offload_capacity_bytes",
+            "Size of the engine's offload tier in bytes: chunks x page-aligned chunk bytes, "
+            "else (released vLLM) the --kv-offloading-size it is cut from.",
+            lambda r: r.tier.capacity_bytes,
+        ),
+    ),
+)
+
 
 # The exposition's layout: tables in output order, each with its rows. First the tables
 # of one engine (rows of one engine; the renderer keeps their bytes per engine) ...
@@ -493,6 +532,7 @@ ENGINE_TABLES: tuple[tuple[Table[Any], Callable[[EngineRow], Iterable[Any]]], ..
     (ENGINE_GPU, lambda row: row.gpus),
     (GROUP, group_rows),
     (SETTINGS, settings_rows),
+    (OFFLOAD, offload_rows),
 )
 # ... then the tables of the whole snapshot.
 SNAPSHOT_TABLES: tuple[tuple[Table[Any], Callable[[Snapshot], Iterable[Any]]], ...] = (

@@ -39,6 +39,20 @@ class KvEventsEndpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class OffloadTier:
+    """The capacity of one engine's KV offload tier (a medium KV blocks are copied out to),
+    as vLLM reports it; None where the source does not say."""
+
+    medium: str  # "cpu": the tier's label prefix in vllm:kv_offload_config_info
+    capacity_tokens: int | None = None
+    capacity_blocks: int | None = None  # in GPU KV cache blocks (chunks x blocks per chunk)
+    capacity_bytes: int | None = None
+    # Where the figures come from: "kv_offload_config_info" (exact), or "cache_config_info"
+    # (released vLLM: the configured --kv-offloading-size the tier is cut from).
+    source: str = "kv_offload_config_info"
+
+
+@dataclass(frozen=True, slots=True)
 class SettingsMismatch:
     """An engine setting kvcap was told (`--vllm.args`, or another collector) that what the
     engine shows contradicts: a derivation from the told settings would be wrong."""
@@ -81,6 +95,7 @@ class EngineReport:
     kv_events: KvEventsEndpoint | None = None  # the engine's KV event publisher, if on
     # Settings the collector was told that the engine contradicts.
     settings_warnings: tuple[SettingsMismatch, ...] = ()
+    offload: tuple[OffloadTier, ...] = ()  # the engine's KV offload tiers, if any
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from exporter.state.records import (
     GpuReport,
     KvEventsEndpoint,
     KvUsage,
+    OffloadTier,
     SettingsMismatch,
 )
 
@@ -55,6 +56,7 @@ class EngineView:
     kv_events: KvEventsEndpoint | None = None
     # Told settings the engine contradicts (kvcap_engine_settings_mismatch, /engines).
     settings_warnings: tuple[SettingsMismatch, ...] = ()
+    offload: tuple[OffloadTier, ...] = ()  # KV offload tiers (kvcap_kv_offload_capacity_*)
 
     @property
     def approximate(self) -> bool:
@@ -160,6 +162,7 @@ def merge_engine(sightings: Sequence[Sighting]) -> EngineView:
         log_note=next((r.log_note for r in reports if r.log_note), None),
         kv_events=next((r.kv_events for r in reports if r.kv_events), None),
         settings_warnings=_settings_warnings(sightings),
+        offload=next((r.offload for r in reports if r.offload), ()),
     )
 
 

@@ -6,6 +6,7 @@ import gzip
 import re
 import subprocess
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.exposition import ExpositionCache, PrefixCacheCollector
-from exporter.state import StateStore
+from exporter.state import OffloadTier, StateStore
 from exporter.web import WebCounters
 from tests.prefix_cache.helpers import recorded_views
 from tests.state.helpers import reports
@@ -25,7 +26,12 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 def rich_store() -> StateStore:
     store = StateStore()
-    store.publish("vllm_http", "http://a", reports("gemma-3-27b-text-dp2-tp2"), duration_s=0.01)
+    # A 4 GiB CPU tier of 16-token blocks on the Gemma engines (vllm:kv_offload_config_info).
+    cpu = OffloadTier(
+        "cpu", capacity_tokens=1_048_576, capacity_blocks=65_536, capacity_bytes=2**32
+    )
+    gemma = [replace(r, offload=(cpu,)) for r in reports("gemma-3-27b-text-dp2-tp2")]
+    store.publish("vllm_http", "http://a", gemma, duration_s=0.01)
     store.publish("handshake", "ipc://x", reports("qwen3-next-80b-a3b-dp2-tp2")[:1])
     store.fail("nvml", "local", "driver_not_loaded", "no driver")
     store.publish_gpus("nvml", "node", [gpu(i) for i in range(2)])

@@ -12,6 +12,10 @@ from exporter.collectors.parsing.exposition import (
     Sample,
     parse_vllm_metrics,
 )
+from exporter.collectors.parsing.offload_info import (
+    offload_from_cache_config,
+    parse_offload_info,
+)
 from exporter.collectors.parsing.vllm_args import (
     VllmServeArgs,
     parse_vllm_serve_args,
@@ -28,7 +32,9 @@ __all__ = [
     "MalformedExposition",
     "Sample",
     "VllmServeArgs",
+    "offload_from_cache_config",
     "parse_cache_config_info",
+    "parse_offload_info",
     "parse_vllm_metrics",
     "parse_vllm_serve_args",
     "to_engine_settings",

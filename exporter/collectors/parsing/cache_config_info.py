@@ -48,11 +48,11 @@ def parse_cache_config_info(samples: Iterable[Sample]) -> list[CacheConfigInfo]:
     by_engine: dict[str, CacheConfigInfo] = {}
     for sample in samples:
         engine = sample.labels.get("engine", "")
-        by_engine[engine] = _record(engine, _Labels(engine, sample.labels))
+        by_engine[engine] = _record(engine, InfoLabels(engine, sample.labels))
     return list(by_engine.values())
 
 
-def _record(engine: str, labels: _Labels) -> CacheConfigInfo:
+def _record(engine: str, labels: InfoLabels) -> CacheConfigInfo:
     return CacheConfigInfo(
         engine=engine,
         labels=dict(labels.raw),
@@ -73,11 +73,12 @@ def _record(engine: str, labels: _Labels) -> CacheConfigInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class _Labels:
-    """Typed reads of one series' labels; errors name the engine and the label."""
+class InfoLabels:
+    """Typed reads of one info series' labels; errors name the family, engine and label."""
 
     engine: str
     raw: Mapping[str, str]
+    family: str = FAMILY
 
     def text(self, key: str) -> str | None:
         value = self.raw.get(key)
@@ -95,10 +96,10 @@ class _Labels:
             # Tolerate `16.0`, should a release ever write an int field through a float.
             real = self._number(key, value, "a whole number")
             if not real.is_integer():
-                raise self._error(key, value, "a whole number")
+                raise self.error(key, value, "a whole number")
             number = int(real)
         if number >= 2**63:  # vLLM's own integers are int64 at most
-            raise self._error(key, value, "a whole number below 2**63")
+            raise self.error(key, value, "a whole number below 2**63")
         return number
 
     def real(self, key: str) -> float | None:
@@ -111,20 +112,20 @@ class _Labels:
         if value is None:
             return None
         if value not in ("True", "False"):
-            raise self._error(key, value, '"True" or "False"')
+            raise self.error(key, value, '"True" or "False"')
         return value == "True"
 
     def _number(self, key: str, value: str, expected: str) -> float:
         try:
             number = float(value)
         except ValueError:
-            raise self._error(key, value, expected) from None
+            raise self.error(key, value, expected) from None
         # NaN, infinities and negative values are not what vLLM writes: no figure from them.
         if not math.isfinite(number) or number < 0:
-            raise self._error(key, value, f"{expected} >= 0")
+            raise self.error(key, value, f"{expected} >= 0")
         return number
 
-    def _error(self, key: str, value: str, expected: str) -> MalformedExposition:
+    def error(self, key: str, value: str, expected: str) -> MalformedExposition:
         return MalformedExposition(
-            f"{FAMILY} engine {self.engine!r}: label {key}={value!r} is not {expected}"
+            f"{self.family} engine {self.engine!r}: label {key}={value!r} is not {expected}"
         )

@@ -27,6 +27,7 @@ VLLM_FAMILIES: frozenset[str] = frozenset(
         "vllm:gpu_cache_usage_perc",
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
+        "vllm:kv_offload_config_info",
     }
 )
 
