@@ -32,7 +32,8 @@ def example_config(name: str) -> dict[str, Any]:
 
 
 def simulated_deployment(model_dir: Path, data_parallel_size: int = 2) -> SimulatedVllm:
-    """Gemma 3 27B (sliding window + full attention), TP 2, data-parallel 2.
+    """Gemma 3 27B (sliding window + full attention), TP 2, data-parallel 2, with a 64 GiB
+    CPU offload tier per engine (`--kv-offloading-size 64`).
 
     `model_dir` receives the model's config.json, as a volume shared by the vLLM and
     kvcap containers would hold it; /v1/models reports it as the model's `root`.
@@ -47,6 +48,7 @@ def simulated_deployment(model_dir: Path, data_parallel_size: int = 2) -> Simula
         settings=EngineSettings(tensor_parallel_size=2),
         data_parallel_size=data_parallel_size,
         available_kv_bytes_per_worker=44_000_000_000,
+        kv_offloading_size_gib=64,
     )
 
 

@@ -21,6 +21,38 @@ from typing import Any
 from exporter.capacity import CapacityResult, EngineSettings, derive_capacity
 from exporter.demo.simulated_kv_events import SimulatedKvEvents
 
+# vLLM's CPU tier pads each chunk to a memory page (SharedOffloadRegion).
+PAGE_BYTES = 4096
+
+
+def offload_tier(plan: CapacityResult, cpu_bytes: int) -> dict[str, int]:
+    """A simulated CPU tier of `cpu_bytes`, one GPU block per chunk, in the shape vLLM PR
+    #53902 reports: each chunk holds the block of every worker, page-aligned; each KV cache
+    group takes its own chunks, a sliding-window group about its window's (the simulation's
+    guess: window blocks + 1). Tokens: the best request length up to max_model_len (the
+    lengths that end a chunk, and max_model_len itself)."""
+    chunk_bytes = -(-sum(plan.bytes_per_block_per_worker) // PAGE_BYTES) * PAGE_BYTES
+    chunks = cpu_bytes // chunk_bytes
+
+    def per_request(length: int) -> int:
+        total = 0
+        for group in plan.groups:
+            count = -(-length // group.block_size)
+            if group.sliding_window is not None:
+                count = min(count, -(-group.sliding_window // group.block_size) + 1)
+            total += count
+        return total
+
+    longest = plan.max_model_len
+    lengths = {longest - longest % g.block_size for g in plan.groups} | {longest}
+    tokens = max(chunks * n // per_request(n) for n in lengths if n > 0)
+    return {
+        "num_chunks": chunks,
+        "blocks_per_chunk": 1,
+        "kv_bytes_per_chunk": chunk_bytes,
+        "capacity_tokens_at_max_len": tokens,
+    }
+
 
 @dataclass
 class SimulatedEngine:
@@ -42,6 +74,8 @@ class SimulatedVllm:
     instance_id: str = "1764460800000000000"
     engines: dict[int, SimulatedEngine] = field(default_factory=dict)
     kv_events: bool = True  # publish KV events (and report them in /kv_event_sources)
+    # `--kv-offloading-size` in GiB (CPU offloading, vLLM's native backend), or None.
+    kv_offloading_size_gib: int | None = None
     _server: ThreadingHTTPServer | None = None
     _publishers: SimulatedKvEvents | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -69,6 +103,8 @@ class SimulatedVllm:
         ]
         if s.max_model_len is not None:
             args += ["--max-model-len", str(s.max_model_len)]
+        if self.kv_offloading_size_gib is not None:
+            args += ["--kv-offloading-size", str(self.kv_offloading_size_gib)]
         return " ".join(args)
 
     def remove_engine(self, index: int) -> None:
@@ -135,10 +171,30 @@ class SimulatedVllm:
                 "num_gpu_blocks": str(total_blocks),
                 "num_gpu_blocks_override": "None",
                 "sliding_window": "None",
+                "kv_offloading_backend": "native",
+                "kv_offloading_size": str(self.kv_offloading_size_gib),
             }
             rendered = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
             lines.append(f"vllm:cache_config_info{{{rendered}}} 1.0")
+        lines += self._offload_lines(engines)
         return "\n".join(lines) + "\n"
+
+    def _offload_lines(self, engines: list[SimulatedEngine]) -> list[str]:
+        """vllm:kv_offload_config_info with the labels of vLLM PR #53902 (not released)."""
+        if self.kv_offloading_size_gib is None:
+            return []
+        tier = offload_tier(self.plan, self.kv_offloading_size_gib << 30)
+        lines = [
+            "# HELP vllm:kv_offload_config_info Static configuration of the KV offload "
+            "managers of this engine instance.",
+            "# TYPE vllm:kv_offload_config_info gauge",
+        ]
+        for e in engines:
+            labels = {f"cpu_{k}": str(v) for k, v in tier.items()}
+            labels |= {"engine": str(e.index), "model_name": self.served_model_name}
+            rendered = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+            lines.append(f"vllm:kv_offload_config_info{{{rendered}}} 1.0")
+        return lines
 
     def documents(self) -> dict[str, Any]:
         return {

