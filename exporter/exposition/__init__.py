@@ -2,6 +2,7 @@
 
 from exporter.exposition.app import build_routes
 from exporter.exposition.prefix_cache import PrefixCacheCollector
+from exporter.exposition.process import ProcessText
 from exporter.exposition.render import Body, ExpositionCache, Renderer, VersionedCollector
 from exporter.exposition.tables import LAYOUT, Column, EngineRow, Placed, Table, engine_rows
 from exporter.exposition.text import families_text, sample_value
@@ -14,6 +15,7 @@ __all__ = [
     "ExpositionCache",
     "Placed",
     "PrefixCacheCollector",
+    "ProcessText",
     "Renderer",
     "Table",
     "VersionedCollector",

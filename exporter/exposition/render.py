@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import structlog
-from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
 
 from exporter.exposition import tables
+from exporter.exposition.process import ProcessText
 from exporter.exposition.tables import Column, EngineRow, Table, engine_rows
 from exporter.exposition.text import (
     families_text,
@@ -298,7 +298,7 @@ class VersionedCollector(Collector, Protocol):
 
 class _PerScrape:
     """Families read afresh on every scrape (the HTTP server's counters, prefix-cache
-    residency, process_*), from prometheus_client collectors, written by `families_text`
+    residency), from prometheus_client collectors, written by `families_text`
     (what generate_latest writes, without its per-sample name checks). A collector with a
     `version` (one that changes whenever its families do) is collected only when it moved."""
 
@@ -346,14 +346,15 @@ class ExpositionCache:
         self._render_failing = False
         # CRC-32 of the kept block's plain text, per format, while that block lasts.
         self._kept_crcs: tuple[_Block | None, dict[bool, int]] = (None, {})
-        process = [ProcessCollector(registry=None)] if process_metrics else []
-        collectors = [*per_scrape, *process]
-        self._per_scrape = _PerScrape(collectors) if collectors else None
+        self._per_scrape = _PerScrape(per_scrape)
+        self._process = ProcessText() if process_metrics else None
 
     def body(self, *, accept: str | None = None, accept_encoding: str | None = None) -> Body:
         rendered = self._current()
         openmetrics = wants_openmetrics(accept)
-        tail = self._per_scrape.render(openmetrics) if self._per_scrape else b""
+        tail = self._per_scrape.render(openmetrics)
+        if self._process is not None:
+            tail += self._process.text(openmetrics).encode()
         if openmetrics:
             tail += _EOF
         content_type = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE

@@ -32,6 +32,7 @@ from exporter.exposition import (
     Column,
     ExpositionCache,
     PrefixCacheCollector,
+    ProcessText,
     Renderer,
     engine_rows,
 )
@@ -309,7 +310,8 @@ def test_the_per_scrape_families_render_as_prometheus_client_renders_them(
             counters.reload_failed(what)
         else:
             counters.set_connections(what)
-    process = fake_proc(tmp_path_factory.mktemp("proc"), stat, max_fds, fds)
+    proc = tmp_path_factory.mktemp("proc")
+    process = fake_proc(proc, stat, max_fds, fds)
     collectors: list[Collector] = [counters, PrefixCacheCollector(lambda: views), process]
     store = StateStore()
     cache = ExpositionCache(store.snapshot, process_metrics=False, per_scrape=collectors)
@@ -325,6 +327,28 @@ def test_the_per_scrape_families_render_as_prometheus_client_renders_them(
         assert cache.body(accept=accept).content == expected[openmetrics]
         zipped = cache.body(accept=accept, accept_encoding="gzip").content
         assert gzip.decompress(zipped) == expected[openmetrics]
+    # kvcap's own process_* writer reads the same files as ProcessCollector.
+    only_process = CollectorRegistry(auto_describe=False)
+    only_process.register(process)
+    text = ProcessText(pid=lambda: 42, proc=str(proc))
+    assert text.text(openmetrics=False).encode() == text_format.generate_latest(only_process)
+    assert (
+        text.text(openmetrics=True).encode() + b"# EOF\n"
+        == openmetrics_format.generate_latest(only_process)  # type: ignore[no-untyped-call]
+    )
+
+
+def test_the_process_series_are_those_of_prometheus_client() -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+
+    def names(text: str) -> list[str]:
+        return [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
+
+    assert names(ProcessText().text(openmetrics=False)) == names(
+        text_format.generate_latest(registry).decode()
+    )
+    assert ProcessText(proc="/no/such/proc").text(openmetrics=False) == ""
 
 
 def test_a_snapshot_prepared_after_a_change_is_served_without_rendering_again() -> None:
