@@ -296,36 +296,48 @@ class VersionedCollector(Collector, Protocol):
     def version(self) -> int: ...
 
 
-class _PerScrape:
-    """Families read afresh on every scrape (the HTTP server's counters, prefix-cache
-    residency), from prometheus_client collectors, written by `families_text`
-    (what generate_latest writes, without its per-sample name checks). A collector with a
-    `version` (one that changes whenever its families do) is collected only when it moved."""
+@runtime_checkable
+class TextSource(Protocol):
+    """Families that write their own text per scrape (kept lines of what did not change)."""
 
-    def __init__(self, collectors: Sequence[Collector]) -> None:
-        # (collector, None) or (None, versioned collector): isinstance of a protocol is
-        # too slow to ask on every scrape.
-        self._collectors = [
-            (None, c) if isinstance(c, VersionedCollector) else (c, None) for c in collectors
-        ]
-        self._texts: dict[tuple[int, bool], tuple[int, str]] = {}
+    def text(self, openmetrics: bool) -> str: ...
 
-    def render(self, openmetrics: bool) -> bytes:
-        texts = []
-        for position, (plain, collector) in enumerate(self._collectors):
-            if collector is None:
-                assert plain is not None
-                texts.append(families_text(plain.collect(), openmetrics=openmetrics))
-                continue
-            # Read before collecting: a change during collect() shows as a new version
-            # next time, so a kept text is never older than its version.
-            version = collector.version
-            kept = self._texts.get((position, openmetrics))
-            if kept is None or kept[0] != version:
-                kept = (version, families_text(collector.collect(), openmetrics=openmetrics))
-                self._texts[(position, openmetrics)] = kept
-            texts.append(kept[1])
-        return "".join(texts).encode()
+
+class _Versioned:
+    """The text of a versioned collector, collected again only when its version moved."""
+
+    def __init__(self, collector: VersionedCollector) -> None:
+        self._collector = collector
+        self._texts: dict[bool, tuple[int, str]] = {}
+
+    def text(self, openmetrics: bool) -> str:
+        # Read before collecting: a change during collect() shows as a new version next
+        # time, so a kept text is never older than its version.
+        version = self._collector.version
+        kept = self._texts.get(openmetrics)
+        if kept is None or kept[0] != version:
+            kept = (version, families_text(self._collector.collect(), openmetrics=openmetrics))
+            self._texts[openmetrics] = kept
+        return kept[1]
+
+
+class _Collected:
+    """The text of a plain prometheus_client collector, collected on every scrape."""
+
+    def __init__(self, collector: Collector) -> None:
+        self._collector = collector
+
+    def text(self, openmetrics: bool) -> str:
+        return families_text(self._collector.collect(), openmetrics=openmetrics)
+
+
+def _text_source(source: Collector | TextSource) -> TextSource:
+    # Decided once: isinstance of a protocol is too slow to ask on every scrape.
+    if isinstance(source, TextSource):
+        return source
+    if isinstance(source, VersionedCollector):
+        return _Versioned(source)
+    return _Collected(source)
 
 
 class ExpositionCache:
@@ -337,7 +349,7 @@ class ExpositionCache:
         snapshot: Callable[[], Snapshot],
         *,
         process_metrics: bool = True,
-        per_scrape: Sequence[Collector] = (),
+        per_scrape: Sequence[Collector | TextSource] = (),
     ) -> None:
         self._snapshot = snapshot
         self._lock = threading.Lock()
@@ -346,15 +358,15 @@ class ExpositionCache:
         self._render_failing = False
         # CRC-32 of the kept block's plain text, per format, while that block lasts.
         self._kept_crcs: tuple[_Block | None, dict[bool, int]] = (None, {})
-        self._per_scrape = _PerScrape(per_scrape)
-        self._process = ProcessText() if process_metrics else None
+        # Families read afresh on every scrape (the HTTP server's counters, prefix-cache
+        # residency, process_*), appended in this order.
+        process = [ProcessText()] if process_metrics else []
+        self._per_scrape = [*map(_text_source, per_scrape), *process]
 
     def body(self, *, accept: str | None = None, accept_encoding: str | None = None) -> Body:
         rendered = self._current()
         openmetrics = wants_openmetrics(accept)
-        tail = self._per_scrape.render(openmetrics)
-        if self._process is not None:
-            tail += self._process.text(openmetrics).encode()
+        tail = "".join(source.text(openmetrics) for source in self._per_scrape).encode()
         if openmetrics:
             tail += _EOF
         content_type = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE

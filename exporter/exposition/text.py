@@ -65,19 +65,24 @@ def header_text(name: str, help_text: str, kind: str, *, openmetrics: bool) -> s
 def families_text(families: Iterable[Metric], *, openmetrics: bool) -> str:
     """prometheus_client families as its generate_latest writes them, at a fraction of the
     cost: gauges, counters and histograms whose samples carry no timestamp, exemplar or
-    `_created` (what kvcap's per-scrape collectors and ProcessCollector yield)."""
-    lines: list[str] = []
-    for family in families:
-        lines.append(
-            header_text(family.name, family.documentation, family.type, openmetrics=openmetrics)
-        )
-        for sample in family.samples:
-            labels = sample.labels
-            if labels:
-                pairs = ",".join(f'{k}="{escape_label_value(labels[k])}"' for k in sorted(labels))
-                lines.append(f"{sample.name}{{{pairs}}} {sample_value(sample.value)}\n")
-            else:
-                lines.append(f"{sample.name} {sample_value(sample.value)}\n")
+    `_created` (what kvcap's per-scrape collectors yield)."""
+    return "".join(
+        header_text(family.name, family.documentation, family.type, openmetrics=openmetrics)
+        + samples_text(family)
+        for family in families
+    )
+
+
+def samples_text(family: Metric) -> str:
+    """The sample lines of one family, the same in both formats."""
+    lines = []
+    for sample in family.samples:
+        labels = sample.labels
+        if labels:
+            pairs = ",".join(f'{k}="{escape_label_value(labels[k])}"' for k in sorted(labels))
+            lines.append(f"{sample.name}{{{pairs}}} {sample_value(sample.value)}\n")
+        else:
+            lines.append(f"{sample.name} {sample_value(sample.value)}\n")
     return "".join(lines)
 
 

@@ -23,7 +23,6 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client import exposition as text_format
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics import exposition as openmetrics_format
-from prometheus_client.registry import Collector
 from structlog.testing import capture_logs
 
 from exporter.capacity import EngineCapacity, GroupCapacity
@@ -35,6 +34,7 @@ from exporter.exposition import (
     ProcessText,
     Renderer,
     engine_rows,
+    prefix_cache_families,
 )
 from exporter.prefix_cache import LIFETIME_BUCKETS_S, PoolView, ResidencyView
 from exporter.state import (
@@ -287,8 +287,18 @@ def fake_proc(folder: Path, stat: list[int], max_fds: int, fds: int) -> ProcessC
     return ProcessCollector(pid=lambda: 42, proc=str(folder), registry=None)
 
 
+class _Residency:
+    """The reference: the residency families of whatever views are current."""
+
+    def __init__(self, views: list[ResidencyView]) -> None:
+        self.views = views
+
+    def collect(self) -> Iterator[Metric]:
+        return prefix_cache_families(self.views)
+
+
 @given(
-    views=st.lists(residency_views, max_size=3),
+    scrapes=st.lists(st.lists(residency_views, max_size=3), min_size=1, max_size=3),
     events=web_events,
     stat=st.lists(st.integers(0, 2**50), min_size=22, max_size=22),
     max_fds=st.integers(1, 2**20),
@@ -296,37 +306,44 @@ def fake_proc(folder: Path, stat: list[int], max_fds: int, fds: int) -> ProcessC
 )
 def test_the_per_scrape_families_render_as_prometheus_client_renders_them(
     tmp_path_factory: pytest.TempPathFactory,
-    views: list[ResidencyView],
+    scrapes: list[list[ResidencyView]],
     events: list[tuple[str, Any]],
     stat: list[int],
     max_fds: int,
     fds: int,
 ) -> None:
     counters = WebCounters()
-    for kind, what in events:
-        if kind == "reject":
-            counters.reject(what)
-        elif kind == "reload":
-            counters.reload_failed(what)
-        else:
-            counters.set_connections(what)
     proc = tmp_path_factory.mktemp("proc")
     process = fake_proc(proc, stat, max_fds, fds)
-    collectors: list[Collector] = [counters, PrefixCacheCollector(lambda: views), process]
+    residency = _Residency([])
     store = StateStore()
-    cache = ExpositionCache(store.snapshot, process_metrics=False, per_scrape=collectors)
+    cache = ExpositionCache(
+        store.snapshot,
+        process_metrics=False,
+        per_scrape=[counters, PrefixCacheCollector(lambda: residency.views), process],
+    )
     registry = CollectorRegistry(auto_describe=False)
-    for collector in (_Families(store.snapshot()), *collectors):
+    for collector in (_Families(store.snapshot()), counters, residency, process):
         registry.register(collector)
-    expected = {
-        False: text_format.generate_latest(registry),
-        True: openmetrics_format.generate_latest(registry),  # type: ignore[no-untyped-call]
-    }
-    for openmetrics in (False, True):
-        accept = OPENMETRICS if openmetrics else None
-        assert cache.body(accept=accept).content == expected[openmetrics]
-        zipped = cache.body(accept=accept, accept_encoding="gzip").content
-        assert gzip.decompress(zipped) == expected[openmetrics]
+    # Each scrape sees other views (some engines kept, some changed) and more counts.
+    for number, views in enumerate(scrapes):
+        residency.views = views
+        for kind, what in events[number::2]:
+            if kind == "reject":
+                counters.reject(what)
+            elif kind == "reload":
+                counters.reload_failed(what)
+            else:
+                counters.set_connections(what)
+        expected = {
+            False: text_format.generate_latest(registry),
+            True: openmetrics_format.generate_latest(registry),  # type: ignore[no-untyped-call]
+        }
+        for openmetrics in (False, True):
+            accept = OPENMETRICS if openmetrics else None
+            assert cache.body(accept=accept).content == expected[openmetrics]
+            zipped = cache.body(accept=accept, accept_encoding="gzip").content
+            assert gzip.decompress(zipped) == expected[openmetrics]
     # kvcap's own process_* writer reads the same files as ProcessCollector.
     only_process = CollectorRegistry(auto_describe=False)
     only_process.register(process)
