@@ -189,3 +189,20 @@ def test_hostile_offload_labels_fail_the_read_and_keep_the_last_good_tier(attack
         # The last good read's tier, not a figure from the hostile body.
         assert view.offload[0].capacity_bytes == 2**28
         assert view.offload[0].capacity_tokens == 524_288
+
+
+def test_each_medium_of_the_info_is_a_tier() -> None:
+    """A tiering spec may declare more tiers, each under its own prefix."""
+    body = METRICS.replace(
+        "vllm:kv_offload_config_info{",
+        'vllm:kv_offload_config_info{fs_blocks_per_chunk="4",fs_capacity_tokens_at_max_len="None",'
+        'fs_kv_bytes_per_chunk="262144",fs_num_chunks="1000",',
+    )
+    families = _families(_poll(body))
+    assert families["kvcap_kv_offload_capacity_bytes"] == {
+        (engine, "llama-offload", medium): size
+        for engine in ("0", "1")
+        for medium, size in (("cpu", float(2**28)), ("fs", 262_144_000.0))
+    }
+    assert families["kvcap_kv_offload_capacity_blocks"][("0", "llama-offload", "fs")] == 4000.0
+    assert ("0", "llama-offload", "fs") not in families["kvcap_kv_offload_capacity_tokens"]
