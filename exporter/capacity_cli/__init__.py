@@ -15,9 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from exporter.capacity import derive_capacity
-from exporter.capacity.batch import run_case
-from exporter.capacity.platforms import CUDA, PLATFORMS
+from exporter.capacity import CUDA, PLATFORMS, derive_capacity, run_case
 from exporter.capacity_cli.inputs import CapacityInputs, build_inputs, inputs_for, vllm_command
 from exporter.capacity_cli.memory import GPU_MEMORY_MIB
 from exporter.capacity_cli.report import (

@@ -12,10 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.capacity import EngineSettings
-from exporter.capacity.hf_config import HfConfig
-from exporter.capacity.releases import ReleaseRules, parse_version, release_rules
-from exporter.capacity.settings import dtype_bytes
+from exporter.capacity import (
+    EngineSettings,
+    HfConfig,
+    ReleaseRules,
+    dtype_bytes,
+    parse_version,
+    release_rules,
+)
 from exporter.capacity_cli.memory import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     MemoryEstimate,

@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter import __version__
-from exporter.capacity import CapacityResult
-from exporter.capacity.batch import error_to_json, result_to_json
-from exporter.capacity.releases import NEWEST
+from exporter.capacity import NEWEST, CapacityResult, error_to_json, result_to_json
 from exporter.capacity_cli.inputs import CapacityInputs
 from exporter.capacity_cli.memory import GIB
 from exporter.errors import DoesNotFit

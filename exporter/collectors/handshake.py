@@ -25,12 +25,12 @@ import structlog
 import zmq
 
 from exporter.capacity import (
+    PLATFORMS,
     EngineCapacity,
     GroupCapacity,
     blocks_for_bytes,
     kind_of_spec_type,
 )
-from exporter.capacity.platforms import PLATFORMS
 from exporter.collectors.kv_events_endpoints import endpoints_from_sources
 from exporter.collectors.registry import CollectorSpec, register_collector
 from exporter.errors import ConfigError, UsageError

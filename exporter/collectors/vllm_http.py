@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from exporter.capacity.platforms import PLATFORMS
+from exporter.capacity import PLATFORMS
 from exporter.collectors.http_fetch import Fetcher, FetchError, fetch
 from exporter.collectors.kv_events_endpoints import endpoints_from_sources
 from exporter.collectors.parsing import MalformedExposition, VllmServeArgs, parse_vllm_serve_args

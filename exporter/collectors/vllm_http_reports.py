@@ -27,8 +27,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from exporter.capacity import CapacityResult, EngineCapacity, EngineSettings, derive_capacity
-from exporter.capacity.platforms import CPU, PLATFORMS
+from exporter.capacity import (
+    CPU,
+    PLATFORMS,
+    CapacityResult,
+    EngineCapacity,
+    EngineSettings,
+    derive_capacity,
+)
 from exporter.collectors.parsing import (
     CacheConfigInfo,
     MalformedExposition,

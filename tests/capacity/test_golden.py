@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from exporter.capacity.batch import run_case
+from exporter.capacity import run_case
 from tests.conftest import GOLDEN_CASES, load_golden_cases
 
 CASES = load_golden_cases()

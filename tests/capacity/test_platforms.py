@@ -12,9 +12,7 @@ from typing import Any
 
 import pytest
 
-from exporter.capacity import EngineSettings, derive_capacity
-from exporter.capacity.batch import run_case
-from exporter.capacity.specs import MambaSpec, cdiv
+from exporter.capacity import EngineSettings, MambaSpec, cdiv, derive_capacity, run_case
 from exporter.collectors.handshake import engine_report
 from exporter.collectors.parsing import parse_cache_config_info, parse_vllm_metrics
 from exporter.collectors.vllm_http_reports import cached_deriver, choose_platform

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from exporter.capacity.batch import run_case
+from exporter.capacity import run_case
 from tests.conftest import GOLDEN
 
 RELEASE_FILES = sorted((GOLDEN / "releases").glob("vllm-*.jsonl"))

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.capacity.platforms import platform_rules
-from exporter.capacity.releases import NEWEST, RELEASES, parse_version, release_rules
+from exporter.capacity import NEWEST, RELEASES, parse_version, platform_rules, release_rules
 from exporter.errors import ConfigError
 
 

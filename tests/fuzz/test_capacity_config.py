@@ -22,8 +22,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.capacity import CapacityResult, EngineSettings, derive_capacity, supported_families
-from exporter.capacity.hf_config import MAX_LAYERS
+from exporter.capacity import (
+    MAX_LAYERS,
+    CapacityResult,
+    EngineSettings,
+    derive_capacity,
+    supported_families,
+)
 from exporter.errors import KvcapError
 from tests.conftest import FIXTURES, load_golden_cases
 from tests.fuzz.mutations import HOSTILE_NUMBERS, garbage, mutated
