@@ -24,8 +24,12 @@ import zmq
 
 from benchmarks.common import Row, median, p99, print_rows
 from benchmarks.scrape import free_port
-from exporter.collectors import collector_priority
-from exporter.collectors.handshake import HandshakeReceiver, HandshakeSettings, engine_report
+from exporter.collectors import (
+    HandshakeReceiver,
+    HandshakeSettings,
+    collector_priority,
+    engine_report,
+)
 from exporter.exposition import ExpositionCache
 from exporter.handshake_wire import ReadyExtras, decode_extras, decode_ready, encode, ready_message
 from exporter.logs import configure_logging

@@ -25,8 +25,7 @@ from pathlib import Path
 import pynvml  # type: ignore[import-untyped]
 
 from benchmarks.common import Row, median, p99, print_rows, timed
-from exporter.collectors.nvml import NvmlPoller, NvmlSettings
-from exporter.collectors.nvml_reader import NvmlSession, load_library
+from exporter.collectors import NvmlPoller, NvmlSession, NvmlSettings, load_library
 from exporter.logs import configure_logging
 from exporter.state import StateStore
 from tests.nvml.build import build_fake_nvml

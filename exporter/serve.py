@@ -13,8 +13,7 @@ from typing import Any
 import structlog
 
 from exporter import __version__
-from exporter.collectors import COLLECTORS, Collector, collector_priority
-from exporter.collectors.kv_events import residency_views
+from exporter.collectors import COLLECTORS, Collector, collector_priority, residency_views
 from exporter.errors import ConfigError
 from exporter.exposition import ExpositionCache, PrefixCacheCollector, build_routes
 from exporter.flags import Flags, log_level

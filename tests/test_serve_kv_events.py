@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collectors.kv_events import KvEventsCollector, KvEventsSettings
+from exporter.collectors import KvEventsCollector, KvEventsSettings
 from exporter.demo import demo_running
 from exporter.serve import Exporter
 from exporter.state import KvEventsEndpoint

@@ -6,6 +6,22 @@ from exporter.collectors import (  # noqa: F401 (importing registers them)
     nvml,
     vllm_http,
 )
+from exporter.collectors.handshake import (
+    HandshakeCollector,
+    HandshakeReceiver,
+    HandshakeSettings,
+    engine_report,
+)
+from exporter.collectors.http_fetch import FetchError, fetch
+from exporter.collectors.kv_events import KvEventsCollector, KvEventsSettings, residency_views
+from exporter.collectors.kv_events_endpoints import (
+    connectable,
+    endpoints_from_sources,
+    parse_endpoint_flag,
+)
+from exporter.collectors.kv_events_sequence import Step, classify, missing_from
+from exporter.collectors.nvml import NvmlCollector, NvmlPoller, NvmlSettings
+from exporter.collectors.nvml_reader import NvmlSession, load_library, parse_visible_devices
 from exporter.collectors.registry import (
     COLLECTORS,
     Collector,
@@ -13,5 +29,66 @@ from exporter.collectors.registry import (
     collector_priority,
     register_collector,
 )
+from exporter.collectors.settings_check import (
+    engine_mismatches,
+    expected_engines,
+    server_mismatches,
+)
+from exporter.collectors.vllm_http import (
+    ServerPoller,
+    VllmHttpCollector,
+    VllmHttpSettings,
+    discover_serve_args,
+)
+from exporter.collectors.vllm_http_reports import (
+    VERSION_UNKNOWN,
+    Deriver,
+    ServerDocuments,
+    ServerReading,
+    cached_deriver,
+    choose_platform,
+    read_server,
+)
 
-__all__ = ["COLLECTORS", "Collector", "CollectorSpec", "collector_priority", "register_collector"]
+__all__ = [
+    "COLLECTORS",
+    "VERSION_UNKNOWN",
+    "Collector",
+    "CollectorSpec",
+    "Deriver",
+    "FetchError",
+    "HandshakeCollector",
+    "HandshakeReceiver",
+    "HandshakeSettings",
+    "KvEventsCollector",
+    "KvEventsSettings",
+    "NvmlCollector",
+    "NvmlPoller",
+    "NvmlSession",
+    "NvmlSettings",
+    "ServerDocuments",
+    "ServerPoller",
+    "ServerReading",
+    "Step",
+    "VllmHttpCollector",
+    "VllmHttpSettings",
+    "cached_deriver",
+    "choose_platform",
+    "classify",
+    "collector_priority",
+    "connectable",
+    "discover_serve_args",
+    "endpoints_from_sources",
+    "engine_mismatches",
+    "engine_report",
+    "expected_engines",
+    "fetch",
+    "load_library",
+    "missing_from",
+    "parse_endpoint_flag",
+    "parse_visible_devices",
+    "read_server",
+    "register_collector",
+    "residency_views",
+    "server_mismatches",
+]

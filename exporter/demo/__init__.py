@@ -13,9 +13,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from exporter.capacity import EngineSettings
-from exporter.collectors.kv_events import KvEventsCollector, KvEventsSettings
+from exporter.collectors import (
+    KvEventsCollector,
+    KvEventsSettings,
+    VllmHttpCollector,
+    VllmHttpSettings,
+)
 from exporter.collectors.parsing import parse_vllm_serve_args
-from exporter.collectors.vllm_http import VllmHttpCollector, VllmHttpSettings
 from exporter.demo.simulated_vllm import SimulatedVllm
 from exporter.flags import Flags
 from exporter.logs import configure_logging

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from exporter.capacity import EngineSettings, MambaSpec, cdiv, derive_capacity, run_case
-from exporter.collectors.handshake import engine_report
+from exporter.collectors import cached_deriver, choose_platform, engine_report
 from exporter.collectors.parsing import parse_cache_config_info, parse_vllm_metrics
-from exporter.collectors.vllm_http_reports import cached_deriver, choose_platform
 from exporter.errors import ConfigError
 from exporter.handshake_wire import ReadyExtras, ReadyResponse, decode_extras, encode
 from tests.conftest import FIXTURES

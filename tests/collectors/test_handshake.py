@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import zmq
 
-from exporter.collectors.handshake import HandshakeCollector, HandshakeReceiver, HandshakeSettings
+from exporter.collectors import HandshakeCollector, HandshakeReceiver, HandshakeSettings
 from exporter.handshake_wire import (
     BYE_TOPIC,
     READY_TOPIC,

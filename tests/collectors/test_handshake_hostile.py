@@ -22,11 +22,8 @@ import msgspec
 import pytest
 import zmq
 
-from exporter.collectors.handshake import (
-    DEFAULT_MAX_ENGINES,
-    HandshakeCollector,
-    HandshakeSettings,
-)
+from exporter.collectors import HandshakeCollector, HandshakeSettings
+from exporter.collectors.handshake import DEFAULT_MAX_ENGINES
 from exporter.errors import ConfigError
 from exporter.handshake_wire import (
     READY_V2_TOPIC,

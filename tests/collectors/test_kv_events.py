@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from exporter.capacity import EngineCapacity
-from exporter.collectors.kv_events import KvEventsCollector, KvEventsSettings
+from exporter.collectors import KvEventsCollector, KvEventsSettings
 from exporter.kv_events_wire import decode_batch
 from exporter.prefix_cache import EngineResidency, ResidencyView
 from exporter.state import EngineReport, KvEventsEndpoint, StateStore

@@ -6,12 +6,12 @@ import argparse
 
 import pytest
 
-from exporter.collectors import COLLECTORS
-from exporter.collectors.handshake import engine_report
-from exporter.collectors.kv_events import KvEventsCollector
-from exporter.collectors.kv_events_endpoints import (
+from exporter.collectors import (
+    COLLECTORS,
+    KvEventsCollector,
     connectable,
     endpoints_from_sources,
+    engine_report,
     parse_endpoint_flag,
 )
 from exporter.errors import ConfigError

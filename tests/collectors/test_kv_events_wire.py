@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from exporter.collectors.kv_events_sequence import Step, classify, missing_from
+from exporter.collectors import Step, classify, missing_from
 from exporter.kv_events_wire import (
     FIELD_HISTORY,
     REMOVED_TYPES,

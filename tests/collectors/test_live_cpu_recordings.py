@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from exporter.collectors.http_fetch import fetch
+from exporter.collectors import ServerPoller, VllmHttpSettings, fetch
 from exporter.collectors.parsing import parse_vllm_serve_args
-from exporter.collectors.vllm_http import ServerPoller, VllmHttpSettings
 from exporter.state import StateStore
 from tests.collectors.recorded_vllm import Playback, serve
 from tests.conftest import FIXTURES

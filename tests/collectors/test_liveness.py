@@ -19,9 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from exporter.cli import CommandLineParser
-from exporter.collectors import handshake, vllm_http
-from exporter.collectors.handshake import HandshakeCollector, HandshakeSettings
-from exporter.collectors.http_fetch import fetch
+from exporter.collectors import HandshakeCollector, HandshakeSettings, fetch, handshake, vllm_http
 from exporter.errors import ConfigError
 from exporter.exposition import ExpositionCache
 from exporter.flags import Flags

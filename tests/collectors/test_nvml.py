@@ -17,9 +17,7 @@ from typing import Any
 import pytest
 import structlog
 
-from exporter.collectors import COLLECTORS
-from exporter.collectors.nvml import NvmlCollector, NvmlPoller, NvmlSettings
-from exporter.collectors.nvml_reader import NvmlSession
+from exporter.collectors import COLLECTORS, NvmlCollector, NvmlPoller, NvmlSession, NvmlSettings
 from exporter.flags import Flags
 from exporter.state import Snapshot, StateStore
 from tests.nvml.fake import (

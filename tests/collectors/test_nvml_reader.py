@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from exporter.collectors.nvml_reader import NvmlSession, parse_visible_devices
+from exporter.collectors import NvmlSession, parse_visible_devices
 from exporter.state import GpuProcessMemory, GpuReport
 from tests.nvml.fake import (
     FUNCTION_NOT_FOUND,

@@ -5,12 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from exporter.collectors import engine_mismatches, expected_engines, server_mismatches
 from exporter.collectors.parsing import CacheConfigInfo, parse_vllm_serve_args
-from exporter.collectors.settings_check import (
-    engine_mismatches,
-    expected_engines,
-    server_mismatches,
-)
 from exporter.state import SettingsMismatch
 
 

@@ -16,14 +16,14 @@ import pytest
 from structlog.testing import capture_logs
 
 from exporter.capacity import EngineSettings, derive_capacity
-from exporter.collectors.http_fetch import fetch
-from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
-from exporter.collectors.vllm_http import (
+from exporter.collectors import (
+    ServerDocuments,
     ServerPoller,
     VllmHttpSettings,
     discover_serve_args,
+    fetch,
 )
-from exporter.collectors.vllm_http_reports import ServerDocuments
+from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
 from exporter.demo import example_config, simulated_deployment
 from exporter.errors import ConfigError
 from exporter.state import KvUsage, StateStore

@@ -19,9 +19,8 @@ from typing import Any
 import pytest
 import structlog
 
-from exporter.collectors.http_fetch import FetchError, fetch
+from exporter.collectors import FetchError, ServerPoller, VllmHttpSettings, fetch
 from exporter.collectors.parsing import parse_vllm_serve_args
-from exporter.collectors.vllm_http import ServerPoller, VllmHttpSettings
 from exporter.state import StateStore
 from tests.conftest import GOLDEN
 

@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collectors.http_fetch import fetch
+from exporter.collectors import ServerPoller, VllmHttpSettings, fetch
 from exporter.collectors.parsing import parse_vllm_serve_args
-from exporter.collectors.vllm_http import ServerPoller, VllmHttpSettings
 from exporter.exposition import ExpositionCache
 from exporter.state import OffloadTier, StateStore
 from tests.collectors.recorded_vllm import Playback, serve

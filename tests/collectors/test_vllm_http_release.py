@@ -13,10 +13,8 @@ from dataclasses import replace
 from structlog.testing import capture_logs
 
 from exporter.capacity import derive_capacity
-from exporter.collectors.http_fetch import fetch
+from exporter.collectors import VERSION_UNKNOWN, ServerPoller, fetch
 from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
-from exporter.collectors.vllm_http import ServerPoller
-from exporter.collectors.vllm_http_reports import VERSION_UNKNOWN
 from exporter.state import StateStore
 from tests.collectors.recorded_vllm import Playback, serve
 from tests.collectors.test_vllm_http import EXPOSITIONS, exposition_of, load, settings_for

@@ -11,10 +11,14 @@ from pathlib import Path
 import pytest
 
 from exporter.cli import CommandLineParser
-from exporter.collectors import vllm_http
-from exporter.collectors.http_fetch import fetch
+from exporter.collectors import (
+    ServerPoller,
+    VllmHttpSettings,
+    discover_serve_args,
+    fetch,
+    vllm_http,
+)
 from exporter.collectors.parsing import parse_vllm_serve_args
-from exporter.collectors.vllm_http import ServerPoller, VllmHttpSettings, discover_serve_args
 from exporter.demo import simulated_deployment
 from exporter.errors import ConfigError
 from exporter.flags import Flags

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collectors.handshake import HandshakeCollector, HandshakeSettings
+from exporter.collectors import HandshakeCollector, HandshakeSettings
 from exporter.handshake_wire import ENDPOINT_ENV, HEARTBEAT_INTERVAL_ENV
 from exporter.state import StateStore
 from tests.faults.harness import SLACK_S, wait_for

@@ -14,8 +14,7 @@ from collections.abc import Iterator
 import pytest
 from structlog.testing import capture_logs
 
-from exporter.collectors.handshake import HandshakeReceiver, HandshakeSettings
-from exporter.collectors.nvml import NvmlCollector, NvmlSettings
+from exporter.collectors import HandshakeReceiver, HandshakeSettings, NvmlCollector, NvmlSettings
 from exporter.handshake_wire import ready_message
 from exporter.serve import Exporter
 from exporter.state import StateStore

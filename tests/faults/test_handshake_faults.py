@@ -18,7 +18,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from exporter.collectors.handshake import HandshakeCollector, HandshakeSettings
+from exporter.collectors import HandshakeCollector, HandshakeSettings
 from exporter.errors import ConfigError
 from exporter.handshake_wire import bye_message, ready_message
 from exporter.state import Snapshot, StateStore

@@ -19,9 +19,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from exporter.capacity import derive_capacity
-from exporter.collectors.http_fetch import fetch
+from exporter.collectors import ServerPoller, VllmHttpCollector, VllmHttpSettings, fetch
 from exporter.collectors.parsing import parse_vllm_serve_args
-from exporter.collectors.vllm_http import ServerPoller, VllmHttpCollector, VllmHttpSettings
 from exporter.demo import example_config, http_collector, simulated_deployment
 from exporter.demo.simulated_vllm import SimulatedVllm
 from exporter.serve import Exporter

@@ -25,6 +25,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families as text_families
 from structlog.testing import capture_logs
 
+from exporter.collectors import Deriver, ServerDocuments, ServerReading, cached_deriver, read_server
 from exporter.collectors.parsing import (
     MAX_LABEL_VALUE_CHARS,
     MAX_LABELS_PER_SAMPLE,
@@ -35,13 +36,6 @@ from exporter.collectors.parsing import (
     parse_cache_config_info,
     parse_vllm_metrics,
     parse_vllm_serve_args,
-)
-from exporter.collectors.vllm_http_reports import (
-    Deriver,
-    ServerDocuments,
-    ServerReading,
-    cached_deriver,
-    read_server,
 )
 from exporter.exposition import ExpositionCache
 from exporter.model_config import load_model_config

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
-from exporter.collectors.handshake import HandshakeReceiver, HandshakeSettings
+from exporter.collectors import HandshakeReceiver, HandshakeSettings
 from exporter.exposition import ExpositionCache
 from exporter.handshake_wire import (
     BYE_TOPIC,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pynvml  # type: ignore[import-untyped]
 import pytest
 
-from exporter.collectors.nvml_reader import load_library
+from exporter.collectors import load_library
 from tests.nvml.build import build_fake_nvml
 from tests.nvml.fake import FakeNvml, FakeNvmlConfig
 from tests.tools import require_tool

@@ -12,7 +12,7 @@ from typing import Any
 import pynvml  # type: ignore[import-untyped]
 import pytest
 
-from exporter.collectors.nvml_reader import NvmlSession
+from exporter.collectors import NvmlSession
 from tests.nvml.fake import (
     DRIVER_NOT_LOADED,
     FUNCTION_NOT_FOUND,

@@ -18,7 +18,7 @@ import msgspec
 import pytest
 
 from exporter import vllm_plugin
-from exporter.collectors.handshake import HandshakeCollector, HandshakeSettings
+from exporter.collectors import HandshakeCollector, HandshakeSettings
 from exporter.handshake_wire import (
     BYE_TOPIC,
     ENDPOINT_ENV,
