@@ -339,11 +339,15 @@ def test_a_model_config_that_becomes_unreadable_drops_the_derived_capacity(
         assert set(derivation_failed(metrics).values()) == {0}
         document = engines_document(deployment.url)
         assert not any(engine["derivation_error"] for engine in document["engines"])
-    # One line for the problem, not one per poll, and not again as a derivation failure.
+    # One line per problem, not one per poll, and not again as a derivation failure. The
+    # test changes the file in two steps (a rename, then the directory or link), so a poll
+    # may also see the file missing in between: a second problem, with its own line.
     problems = ("model_config_unreadable", "capacity_not_derived")
     warnings = [e for e in logs if e["event"] in problems]
-    assert [e["event"] for e in warnings] == ["model_config_unreadable"]
-    assert str(config) in warnings[0]["error"]
+    assert {e["event"] for e in warnings} == {"model_config_unreadable"}
+    errors = [e["error"] for e in warnings]
+    assert len(errors) == len(set(errors)) <= 3, errors
+    assert all(str(config) in error for error in errors)
     assert [e for e in logs if e["event"] == "model_config_read"]
 
 
