@@ -411,12 +411,7 @@ def _fraction(flag: str, text: str) -> float:
 
 
 def _speculative(flag: str, text: str) -> SpeculativeConfig:
-    try:
-        document = json.loads(text)
-    except ValueError:
-        raise UsageError(f"{flag} must be a JSON object, got {text[:60]!r}") from None
-    if not isinstance(document, dict):
-        raise UsageError(f"{flag} must be a JSON object, got {text[:60]!r}")
+    document = _json_object(flag, text)
     tokens = document.get("num_speculative_tokens")
     if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)):
         raise UsageError(f"{flag}: num_speculative_tokens must be an integer, got {tokens!r}")
@@ -430,13 +425,18 @@ def _speculative(flag: str, text: str) -> SpeculativeConfig:
 
 def _json_object_given(flag: str, text: str) -> bool:
     """A JSON-object flag whose presence is what matters (vLLM: the config is not None)."""
+    _json_object(flag, text)
+    return True
+
+
+def _json_object(flag: str, text: str) -> dict[str, Any]:
     try:
         document = json.loads(text)
     except ValueError:
         raise UsageError(f"{flag} must be a JSON object, got {text[:60]!r}") from None
     if not isinstance(document, dict):
         raise UsageError(f"{flag} must be a JSON object, got {text[:60]!r}")
-    return True
+    return document
 
 
 def _mamba_cache_mode(flag: str, text: str) -> str:
