@@ -138,19 +138,28 @@ def base_block_size(layout: ModelLayout, settings: EngineSettings, kv: KvCacheDt
     if has_mla and rules.mla_block_size is not None:
         # The platform's one MLA kernel block size wins over `--block-size`.
         return rules.mla_block_size
+    if has_mla and rules.mla_block_multiple is not None:
+        # The platform raises the block to FlashMLA's unless it is a multiple of it.
+        _mla_kv_dtype_supported(kv)
+        block = settings.block_size or rules.default_block_size
+        return block if block % rules.mla_block_multiple == 0 else rules.mla_block_multiple
     if has_mla:
         return _mla_block_size(settings.block_size, kv)
     return settings.block_size or rules.default_block_size
+
+
+def _mla_kv_dtype_supported(kv: KvCacheDtype) -> None:
+    if kv.name not in _MLA_KV_DTYPES:
+        raise UnsupportedConfiguration(
+            f"no MLA attention backend on an H100-class GPU supports --kv-cache-dtype {kv.name}"
+        )
 
 
 def _mla_block_size(requested: int | None, kv: KvCacheDtype) -> int:
     """The block size of the MLA backend vLLM picks on Hopper, first that accepts both
     the KV dtype and the block size: FlashAttention-MLA (bf16, multiples of 16), FlashMLA
     (bf16/fp16/fp8, multiples of 64), Triton MLA (the same dtypes, multiples of 16)."""
-    if kv.name not in _MLA_KV_DTYPES:
-        raise UnsupportedConfiguration(
-            f"no MLA attention backend on an H100-class GPU supports --kv-cache-dtype {kv.name}"
-        )
+    _mla_kv_dtype_supported(kv)
     if requested is None:
         return _MLA_KERNEL_BLOCK if kv.name == "bfloat16" else _FLASHMLA_BLOCK
     if requested % _MLA_KERNEL_BLOCK:

@@ -15,6 +15,8 @@ from exporter.errors import ConfigError
 
 CUDA = "cuda"
 CPU = "cpu"
+# FlashMLA's KV block (tokens), the block older CUDA releases force on MLA models.
+_FLASHMLA_BLOCK = 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,6 +40,9 @@ class PlatformRules:
     # whether it turns prefix caching (and chunked prefill) off.
     mla_block_size: int | None
     mla_disables_prefix_caching: bool
+    # MLA: a --block-size (or the default) that is not a multiple of this is raised to it
+    # (FlashMLA's block, forced by CUDA releases before 0.18; None: the backend decides).
+    mla_block_multiple: int | None = None
     # The SSM state is kept in float32 unless a gated-delta-net model asks for 16 bits.
     ssm_state_float32: bool
     # The gated-delta-net prefill backend exports prefix-cache checkpoints (64-token grid,
@@ -108,4 +113,15 @@ def platform_rules(name: str, release: RuleSet | None = None) -> PlatformRules:
             ssm_state_float32=release.cpu_ssm_float32,
             hybrid_block=release.cpu_hybrid_block,
         )
-    return replace(rules, gdn_checkpoints=release.cuda_gdn_checkpoints)
+    return replace(
+        rules, gdn_checkpoints=release.cuda_gdn_checkpoints, **_cuda_mla_block(release)
+    )
+
+
+def _cuda_mla_block(release: RuleSet) -> dict[str, int | None]:
+    """The MLA block-size fields of the CUDA row as `release`'s CudaPlatform forces them."""
+    if release.cuda_mla_block == "flashmla_64":
+        return {"mla_block_size": _FLASHMLA_BLOCK}
+    if release.cuda_mla_block == "flashmla_multiple_64":
+        return {"mla_block_multiple": _FLASHMLA_BLOCK}
+    return {}

