@@ -158,3 +158,12 @@ def stand_in_ipex() -> None:
     root.mkdir()
     (root / "__init__.py").write_text(_IPEX_STAND_IN)
     sys.path.insert(0, str(root.parent))
+
+
+def backend_name(backend: Any) -> str:
+    """The backend's own `get_name()`; 0.11's Mamba / linear-attention backends do not
+    define one (the base class raises NotImplementedError), so their class name."""
+    try:
+        return str(backend.get_name())
+    except NotImplementedError:
+        return str(backend.__name__)

@@ -83,7 +83,7 @@ def _attention_backends(vllm_config: Any) -> list[str]:
     chosen = set()
     for layer in get_layers_from_vllm_config(vllm_config, AttentionLayerBase).values():
         backend = layer.get_attn_backend()
-        chosen.add(f"{type(layer).__name__}:{backend.get_name()}")
+        chosen.add(f"{type(layer).__name__}:{release_compat.backend_name(backend)}")
     return sorted(chosen)
 
 
