@@ -127,7 +127,10 @@ def _model_dtype(vllm_config: Any) -> Any:
 
     if _PLATFORM[0] != "cuda":
         return contextlib.nullcontext()
-    from vllm.utils.torch_utils import set_default_torch_dtype
+    try:
+        from vllm.utils.torch_utils import set_default_torch_dtype
+    except ImportError:  # 0.10 keeps it beside the model loader
+        from vllm.model_executor.model_loader.utils import set_default_torch_dtype
 
     return set_default_torch_dtype(vllm_config.model_config.dtype)
 

@@ -33,6 +33,7 @@ from exporter.capacity.specs import (
     KvCacheSpec,
     MambaCacheMode,
     MambaSpec,
+    MLAAttentionSpec,
     RequestLimits,
     cdiv,
 )
@@ -362,7 +363,10 @@ def _assemble_result(r: _Resolved, built: _Groups, plan: _Plan) -> CapacityResul
         kv_cache_dtype=built.kv_cache_dtype,
         mamba_cache_mode=r.mode,
         layer_specs=tuple(LayerKvSpec(layer.name, spec) for layer, spec in built.specs),
-        groups=tuple(_describe(group, plan.stages[0], plan.request_limits) for group in groups),
+        groups=tuple(
+            _describe(group, plan.stages[0], plan.request_limits, r.release_rules)
+            for group in groups
+        ),
         bytes_per_block_per_worker=tuple(plan.worker_bytes),
         num_gpu_blocks=plan.num_blocks,
         block_size=_scheduler_block_size(groups, r.mode),
@@ -503,12 +507,16 @@ def _layout(hf: HfConfig, settings: EngineSettings) -> tuple[ModelLayout, str]:
         raise UnsupportedArchitecture(f"{error}. Supported families: {supported}") from None
 
 
-def _describe(group: KvCacheGroup, first_stage: range, limits: RequestLimits) -> GroupCapacity:
+def _describe(
+    group: KvCacheGroup, first_stage: range, limits: RequestLimits, release: RuleSet
+) -> GroupCapacity:
     spec = group.spec
     names = tuple(layer.name for layer in group.layers if layer.decoder_index in first_stage)
+    # vLLM's class name as the release has it (0.10 keeps MLA in FullAttentionSpec).
+    spec_type = release.mla_spec_type if isinstance(spec, MLAAttentionSpec) else spec.spec_type
     return GroupCapacity(
         kind=spec.kind,
-        spec_type=spec.spec_type,
+        spec_type=spec_type,
         num_layers=len(names),
         layer_names=names,
         block_size=spec.block_size,

@@ -113,15 +113,20 @@ def platform_rules(name: str, release: RuleSet | None = None) -> PlatformRules:
             ssm_state_float32=release.cpu_ssm_float32,
             hybrid_block=release.cpu_hybrid_block,
         )
+    forced, multiple = _cuda_mla_block(release)
     return replace(
-        rules, gdn_checkpoints=release.cuda_gdn_checkpoints, **_cuda_mla_block(release)
+        rules,
+        gdn_checkpoints=release.cuda_gdn_checkpoints,
+        mla_block_size=forced,
+        mla_block_multiple=multiple,
     )
 
 
-def _cuda_mla_block(release: RuleSet) -> dict[str, int | None]:
-    """The MLA block-size fields of the CUDA row as `release`'s CudaPlatform forces them."""
+def _cuda_mla_block(release: RuleSet) -> tuple[int | None, int | None]:
+    """(mla_block_size, mla_block_multiple) of the CUDA row as `release`'s CudaPlatform
+    forces them on MLA models (FlashMLA's block on Hopper before 0.18)."""
     if release.cuda_mla_block == "flashmla_64":
-        return {"mla_block_size": _FLASHMLA_BLOCK}
+        return _FLASHMLA_BLOCK, None
     if release.cuda_mla_block == "flashmla_multiple_64":
-        return {"mla_block_multiple": _FLASHMLA_BLOCK}
-    return {}
+        return None, _FLASHMLA_BLOCK
+    return None, None

@@ -109,6 +109,8 @@ class RuleSet:
     cuda_gdn_checkpoints: bool
     # CUDA: the block size the platform forces on MLA models (CudaMlaBlock).
     cuda_mla_block: CudaMlaBlock
+    # vLLM's spec class of an MLA layer (0.10: FullAttentionSpec with use_mla).
+    mla_spec_type: str
 
     @property
     def name(self) -> str:
@@ -144,6 +146,7 @@ _FIRST = RuleSet(
     prefix_caching_mamba_all=False,
     cuda_gdn_checkpoints=False,
     cuda_mla_block="flashmla_64",
+    mla_spec_type="FullAttentionSpec",
 )
 
 
@@ -174,7 +177,8 @@ _CHANGES: tuple[_Change, ...] = (
     # MambaSpec; 0.11.0 not loaded, so the rule starts here). Groups planned once for all
     # workers (get_kv_cache_configs) keep layer order: 0.10's per-worker configs were
     # sorted by spec when unified. CUDA: FlashMLA's block is forced only when --block-size
-    # is not a multiple of 64 (platforms/cuda.py `% 64` in 0.11.1; 0.10.2: `!= 64`).
+    # is not a multiple of 64 (platforms/cuda.py `% 64` in 0.11.1; 0.10.2: `!= 64`). MLA
+    # layers get their own spec class (v1/kv_cache_interface.py MLAAttentionSpec, 0.11.1).
     _change(
         (0, 11, 0),
         ("#25101", "#23974", "#25752"),
@@ -186,6 +190,7 @@ _CHANGES: tuple[_Change, ...] = (
         mamba_pages="per_block",
         prefix_caching_mamba_all=True,
         cuda_mla_block="flashmla_multiple_64",
+        mla_spec_type="MLAAttentionSpec",
     ),
     # Unequal pages unified by scaling block sizes (#29143); a bucket within 1.25x of the
     # smallest sets the group size (#29303).

