@@ -390,6 +390,9 @@ def _torch_cuda_h100() -> None:
     torch.cuda.Stream = _NoStream  # type: ignore[misc, assignment]
     torch.cuda.Event = _NoStream  # type: ignore[misc, assignment]
     torch.cuda.current_stream = lambda device=None: _NoStream()
+    # 0.10's Qwen3-Next builds its gated norm on the current device: the model is built on
+    # meta (the platform's current_device), and no weight is part of the KV plan.
+    torch.cuda.current_device = lambda: "meta"  # type: ignore[assignment, return-value]
 
 
 def _triton_h100() -> None:
