@@ -23,7 +23,7 @@ from exporter.collectors.kv_events_endpoints import parse_endpoint_flag
 from exporter.collectors.kv_events_subscription import NAME, Subscription
 from exporter.collectors.registry import CollectorSpec, register_collector
 from exporter.flags import FlagGroup, positive_int, size
-from exporter.prefix_cache.residency import DEFAULT_MAX_BLOCKS, EngineResidency, ResidencyView
+from exporter.prefix_cache import DEFAULT_MAX_BLOCKS, EngineResidency, ResidencyView
 from exporter.state import KvEventsEndpoint, Snapshot, StateSink
 
 log = structlog.get_logger("kvcap.kv_events")

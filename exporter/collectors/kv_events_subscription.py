@@ -17,7 +17,7 @@ from exporter.kv_events_wire import (
     parse_sequence,
     sequence_frame,
 )
-from exporter.prefix_cache.residency import EngineResidency
+from exporter.prefix_cache import EngineResidency
 from exporter.state import KvEventsEndpoint, StateSink
 
 if TYPE_CHECKING:  # the collector module imports this one

@@ -11,7 +11,6 @@ from urllib.parse import urlsplit
 import pytest
 import structlog
 
-import exporter.web
 from exporter.errors import ConfigError
 from exporter.web import Request, Response, WebServer
 from tests.web.conftest import (
@@ -24,39 +23,6 @@ from tests.web.conftest import (
     get,
 )
 from tests.web.test_auth import basic
-
-
-def test_public_names() -> None:
-    assert sorted(exporter.web.__all__) == [
-        "BCRYPT_HASH",
-        "BadHead",
-        "BasicAuth",
-        "CHECK_INTERVAL_S",
-        "DEFAULT_MAX_CONNECTIONS",
-        "FairSlots",
-        "GO_CIPHER_SUITES",
-        "Handler",
-        "HeadReader",
-        "HeadTimeout",
-        "MAX_HEAD_BYTES",
-        "REJECT_REASONS",
-        "RELOAD_ERROR_REASONS",
-        "Request",
-        "Response",
-        "ServingState",
-        "TlsConfig",
-        "WebConfig",
-        "WebConfigWatcher",
-        "WebCounters",
-        "WebServer",
-        "build_ssl_context",
-        "parse_head",
-        "parse_web_config",
-        "read_web_config_file",
-        "resolve_listen_address",
-        "split_host_port",
-        "url_host",
-    ]
 
 
 def test_get_passes_the_request_to_the_route(start_server: StartServer) -> None:
