@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -79,14 +80,32 @@ class Prometheus:
         except OSError:
             return None
 
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        body = self._get("/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
-        if body is None:
-            return []
+    def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
+        """The instant vector of `promql` (now, or at the Unix time `at`). A query Prometheus
+        does not answer raises: it is not an empty result (a loaded CI machine can hold
+        an answer back for seconds, and "no alerts" must not pass for "no answer")."""
+        params = {"query": promql} | ({"time": f"{at:.3f}"} if at is not None else {})
+        path = "/api/v1/query?" + urllib.parse.urlencode(params)
+        deadline = time.monotonic() + 30
+        while (body := self._answer(path)) is None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"Prometheus did not answer the query {promql!r}")
+            time.sleep(0.5)
         answer = json.loads(body)
         assert answer["status"] == "success", answer
         result: list[dict[str, Any]] = answer["data"]["result"]
         return result
+
+    def _answer(self, path: str) -> bytes | None:
+        """The API's JSON answer, an error's included (a bad query is a 400 with its error)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
+                body: bytes = r.read()
+                return body
+        except urllib.error.HTTPError as error:
+            return error.read()
+        except OSError:
+            return None
 
     def targets_up(self) -> bool:
         return any(float(r["value"][1]) == 1 for r in self.query("up"))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 from tests.integration.prometheus import Prometheus
 from tests.live.conftest import Deployment
@@ -18,11 +20,21 @@ vllm:kv_cache_usage_perc
 """
 
 
-def _values(prometheus: Prometheus, promql: str) -> dict[str, float]:
+def _values(prometheus: Prometheus, promql: str, at: float | None = None) -> dict[str, float]:
     return {
         r["metric"].get("engine", r["metric"].get("model_name", "")): float(r["value"][1])
-        for r in prometheus.query(promql)
+        for r in prometheus.query(promql, at)
     }
+
+
+def _targets(prometheus: Prometheus) -> str:
+    """What Prometheus saw of its targets, for a failure's message."""
+    seen = {
+        name: {r["metric"]["instance"]: r["value"][1] for r in prometheus.query(name)}
+        for name in ("up", "scrape_duration_seconds")
+    }
+    usage = prometheus.query("vllm:kv_cache_usage_perc")
+    return f"Prometheus: {seen}, vllm:kv_cache_usage_perc: {usage}\n"
 
 
 def test_used_tokens_recipe_and_sums_while_a_completion_runs(
@@ -54,7 +66,7 @@ def test_used_tokens_recipe_and_sums_while_a_completion_runs(
                 lambda: {e: v for e, v in _values(prom, USED_TOKENS).items() if v > 0},
                 120,
                 "the used-tokens recipe returning data while completions run",
-                deployment.server.tail,
+                lambda: _targets(prom) + deployment.server.tail(),
             )
         finally:
             done.set()
@@ -62,8 +74,21 @@ def test_used_tokens_recipe_and_sums_while_a_completion_runs(
                 thread.join(timeout=300)
         assert set(used) <= {str(e) for e in range(deployment.data_parallel_size)}
 
-        capacity = _values(prom, "kvcap_kv_cache_capacity_tokens")
-        assert len(capacity) == deployment.data_parallel_size
-        by_model = prom.query("sum by (model_name) (kvcap_kv_cache_capacity_tokens)")
+        # Both queries at one instant: a scrape that failed meanwhile (a 1 s scrape timeout
+        # on a loaded 2-core machine) writes staleness markers, and "now" would then show
+        # nothing, or a sum of other samples than the per-engine query's.
+        def capacity_at_one_instant() -> tuple[dict[str, float], list[dict[str, Any]]] | None:
+            at = time.time()
+            capacity = _values(prom, "kvcap_kv_cache_capacity_tokens", at)
+            if len(capacity) != deployment.data_parallel_size:
+                return None
+            return capacity, prom.query("sum by (model_name) (kvcap_kv_cache_capacity_tokens)", at)
+
+        capacity, by_model = wait_for(
+            capacity_at_one_instant,
+            30,
+            f"kvcap_kv_cache_capacity_tokens of {deployment.data_parallel_size} engine(s)",
+            lambda: _targets(prom) + deployment.http.tail(),
+        )
         assert [r["metric"]["model_name"] for r in by_model] == [str(deployment.server.model_dir)]
         assert float(by_model[0]["value"][1]) == sum(capacity.values())
