@@ -7,7 +7,8 @@ import argparse
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ DEFAULT_FORGET_AFTER_S = 600.0
 # Engines one API server may show when neither --vllm.max-engines nor the server's
 # --data-parallel-size says: past any real deployment, far below what a hostile body holds.
 DEFAULT_MAX_ENGINES = 256
+# `vllm serve --port`'s default.
+VLLM_DEFAULT_PORT = 8000
 # The log event of each kind of warning a read gives; any other is "capacity_not_derived".
 _WARNING_EVENTS = {
     "blocks_approximate": "blocks_approximate",
@@ -231,7 +234,7 @@ class ServerPoller:
         return document if isinstance(document, Mapping) else None
 
     def serve_args(self) -> VllmServeArgs | None:
-        return self.settings.serve_args or discover_serve_args()
+        return self.settings.serve_args or discover_serve_args(port=_url_port(self.url))
 
     def max_engines(self, args: VllmServeArgs | None) -> int:
         """--vllm.max-engines, else the --data-parallel-size of --vllm.args, else 256.
@@ -308,12 +311,30 @@ class ServerPoller:
             log.warning(event, target=self.url, error=message, **fields)
 
 
-def discover_serve_args(proc: Path = Path("/proc")) -> VllmServeArgs | None:
-    """The `vllm serve` command line of a process in a shared process namespace, if any."""
+def discover_serve_args(
+    proc: Path = Path("/proc"), port: int | None = None
+) -> VllmServeArgs | None:
+    """The `vllm serve` command line of a process in a shared process namespace, if any.
+
+    With `port`, the server listening there (`--port`, vLLM's default 8000); where no
+    command line names it, the only vLLM there is (a proxy or port mapping in between), and
+    none when there are several: another server's settings would derive wrong figures."""
+    found = list(_vllm_command_lines(proc))
+    if port is None or not found:
+        return found[0][1] if found else None
+    on_port = [args for listening, args in found if listening == port]
+    if on_port:
+        return on_port[0]
+    return found[0][1] if len(found) == 1 else None
+
+
+def _vllm_command_lines(proc: Path) -> Iterator[tuple[int | None, VllmServeArgs]]:
+    """The port and parsed command line of every vLLM API server in /proc, lowest PID
+    first."""
     try:
         entries = [p for p in proc.iterdir() if p.name.isdigit()]
     except OSError:
-        return None
+        return
     for entry in sorted(entries, key=lambda p: int(p.name)):
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
@@ -324,13 +345,36 @@ def discover_serve_args(proc: Path = Path("/proc")) -> VllmServeArgs | None:
             continue
         try:
             # vLLM's --config file, as the process sees it (its root, its working folder).
-            return parse_vllm_serve_args(words, read_config=_process_file_reader(entry))
+            yield (
+                _listening_port(words),
+                parse_vllm_serve_args(words, read_config=_process_file_reader(entry)),
+            )
         except KvcapError:
             try:  # the file is not readable from here: the command line alone
-                return parse_vllm_serve_args(words)
+                yield _listening_port(words), parse_vllm_serve_args(words)
             except KvcapError:
                 continue
-    return None
+
+
+def _listening_port(words: list[str]) -> int | None:
+    """The API server's `--port` (the last one given, as argparse reads it), else vLLM's
+    default. It does not change capacity, so the argument parser leaves it alone."""
+    port: str | None = str(VLLM_DEFAULT_PORT)
+    for index, word in enumerate(words):
+        if word == "--port":
+            port = words[index + 1] if index + 1 < len(words) else None
+        elif word.startswith("--port="):
+            port = word.removeprefix("--port=")
+    return int(port) if port is not None and port.isdigit() else None
+
+
+def _url_port(url: str) -> int | None:
+    """The port a server URL names, its scheme's default where it names none."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        return parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:  # a port out of range: --vllm.url was checked, so not expected
+        return None
 
 
 def _read_text(path: str) -> str:

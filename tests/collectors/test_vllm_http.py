@@ -9,6 +9,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from exporter.collectors import (
     VllmHttpSettings,
     discover_serve_args,
     fetch,
+    vllm_http,
 )
 from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
 from exporter.demo import example_config, simulated_deployment
@@ -399,6 +401,44 @@ def test_serve_args_are_discovered_in_a_shared_process_namespace(tmp_path: Path)
     assert found.tensor_parallel_size == 4
     assert found.max_model_len == 32768
     assert discover_serve_args(tmp_path / "missing") is None
+
+
+def _vllm_process(proc: Path, pid: int, *flags: str) -> None:
+    (proc / str(pid)).mkdir(parents=True)
+    argv = ["vllm", "serve", *flags]
+    (proc / str(pid) / "cmdline").write_bytes(b"\0".join(w.encode() for w in argv) + b"\0")
+
+
+def test_of_several_vllm_servers_the_one_on_the_urls_port_is_discovered(tmp_path: Path) -> None:
+    _vllm_process(tmp_path, 7, "/models/a", "--max-model-len", "1024")  # port 8000
+    _vllm_process(tmp_path, 9, "/models/b", "--port", "8002", "--port", "8001")  # the last
+    models = [getattr(discover_serve_args(tmp_path, port=p), "model", None) for p in (8000, 8001)]
+    assert models == ["/models/a", "/models/b"]
+    # No server on the port: with two, another's settings would derive wrong figures.
+    assert discover_serve_args(tmp_path, port=9000) is None
+    alone = tmp_path / "alone"
+    _vllm_process(alone, 7, "/models/a", "--port", "8001")
+    # The only vLLM, reached through another port (a proxy, a port mapping).
+    found = discover_serve_args(alone, port=80)
+    assert found is not None
+    assert found.model == "/models/a"
+
+
+def test_a_poller_discovers_the_server_its_url_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _vllm_process(tmp_path, 7, "/models/a")
+    _vllm_process(tmp_path, 9, "/models/b", "--port=8001")
+    # This folder stands in for /proc; the port is what the poller passes.
+    monkeypatch.setattr(
+        vllm_http, "discover_serve_args", partial(vllm_http.discover_serve_args, tmp_path)
+    )
+    found = {}
+    for url in ("http://127.0.0.1:8001", "http://localhost:8000/"):
+        settings = VllmHttpSettings(urls=(url,))
+        poller = ServerPoller(url, settings, fetch, StateStore(), threading.Event())
+        found[url] = getattr(poller.serve_args(), "model", None)
+    assert found == {"http://127.0.0.1:8001": "/models/b", "http://localhost:8000/": "/models/a"}
 
 
 def test_the_cli_and_the_sidecar_plan_an_old_release_alike() -> None:

@@ -135,11 +135,29 @@ def deployment(
     release, model, dp = request.param
     workdir = tmp_path_factory.mktemp(f"live-{release}-{model}-dp{dp}")
     server, http, handshake = start_deployment(release, model, dp, workdir)
+    _running.append((server, http, handshake))
     try:
         for sidecar in (http, handshake):
             wait_for_engines(sidecar, server, dp)
         yield Deployment(release, model, dp, server, http, handshake)
     finally:
-        server.stop()
-        http.stop()
-        handshake.stop()
+        _stop_running()
+
+
+# The shared deployment still running. pytest keeps a session fixture's last value until the
+# session ends, so without this the last deployment (a DP=2 server) would run beside every
+# live test after it: two vLLMs on 2 cores, and a sidecar reading the wrong one's /proc.
+_running: list[tuple[VllmServer, Sidecar, Sidecar]] = []
+
+
+def _stop_running() -> None:
+    while _running:
+        for process in _running.pop():
+            process.stop()
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last test of a shared deployment, stop it (its fixture's own teardown,
+    which runs later, then finds nothing to stop)."""
+    if nextitem is None or "deployment" not in getattr(nextitem, "fixturenames", ()):
+        _stop_running()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -38,33 +39,51 @@ def instance_ids(sidecar: Sidecar) -> dict[str, str]:
     }
 
 
-def assert_marked_stale_then_dropped(
-    sidecar: Sidecar,
-    since: float,
-    stale_within_s: float,
-    engines: tuple[str, ...] = ENGINES,
-    *,
-    said_bye: bool = False,
-) -> None:
-    """`engines` stale within `stale_within_s` of `since`, gone `FORGET_AFTER_S` after it.
+class EngineWatch:
+    """Scrapes a sidecar every 0.1 s in a thread from the moment it is made, noting when
+    `engines` were first all marked stale and when they were first all gone from /metrics.
 
-    An engine that said bye may leave at once, without being seen stale first.
+    Watching from before the event, both sidecars at once, is what a slow exit cannot
+    defeat: vLLM's HTTP endpoints stop answering seconds before its process is gone, and
+    the stale window is only the few seconds between stale-after and forget-after.
     """
 
-    def marked() -> bool:
-        shown = stale(sidecar)
-        if said_bye:
-            return all(shown.get(e, 1) == 1 for e in engines)
-        return all(shown.get(e) == 1 for e in engines)
+    def __init__(self, sidecar: Sidecar, engines: tuple[str, ...] = ENGINES) -> None:
+        self.sidecar, self.engines = sidecar, engines
+        self.stale_at: float | None = None  # every one marked stale
+        self.left_at: float | None = None  # every one marked stale or gone
+        self.dropped_at: float | None = None  # every one gone
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
 
-    def dropped() -> bool:
-        shown = sidecar.scrape().by_engine("kvcap_kv_cache_capacity_tokens")
-        return not set(engines) & set(shown)
+    def _watch(self) -> None:
+        while not self._done.is_set() and self.dropped_at is None:
+            scrape = self.sidecar.scrape()
+            now = time.monotonic()
+            shown = scrape.by_engine("kvcap_engine_stale")
+            if self.stale_at is None and all(shown.get(e) == 1 for e in self.engines):
+                self.stale_at = now
+            if self.left_at is None and all(shown.get(e, 1) == 1 for e in self.engines):
+                self.left_at = now
+            if not set(self.engines) & set(scrape.by_engine("kvcap_kv_cache_capacity_tokens")):
+                self.dropped_at = now
+            time.sleep(0.1)
 
-    left = since + stale_within_s + SLACK_S - time.monotonic()
-    wait_for(marked, max(0.0, left), f"engines {engines} marked stale", sidecar.tail)
-    left = since + FORGET_AFTER_S + SLACK_S - time.monotonic()
-    wait_for(dropped, max(0.0, left), f"engines {engines} dropped from /metrics", sidecar.tail)
+    def assert_stale_then_dropped(
+        self, stale_by: float, dropped_by: float, *, said_bye: bool = False
+    ) -> None:
+        """Marked stale by `stale_by` (monotonic), gone by `dropped_by`. An engine that said
+        bye may leave at once, without being seen stale first."""
+        self._thread.join(timeout=max(0.0, dropped_by - time.monotonic()))
+        self._done.set()
+        self._thread.join()
+        what = f"engines {self.engines} of {self.sidecar.url}"
+        context = f"stale at {self.stale_at}, dropped at {self.dropped_at}\n{self.sidecar.tail()}"
+        assert self.dropped_at is not None, f"{what} not dropped by {dropped_by}: {context}"
+        marked = self.left_at if said_bye else self.stale_at
+        assert marked is not None, f"{what} never marked stale: {context}"
+        assert marked <= stale_by, f"{what} marked stale after {stale_by}: {context}"
 
 
 def logged(sidecar: Sidecar, event: str) -> dict[str, int]:
@@ -112,19 +131,27 @@ def test_engines_killed_restarted_and_stopped(tmp_path: Path) -> None:
 
         # 1. The engine core of DP rank 1 SIGKILLed: no bye; vLLM's API server then exits.
         killed_at = time.monotonic()
+        rank_1, http_gone = EngineWatch(handshake, ("1",)), EngineWatch(http)
         os.kill(server.engine_core_pids()[-1], signal.SIGKILL)
-        assert_marked_stale_then_dropped(handshake, killed_at, STALE_AFTER_S, ("1",))
+        rank_1.assert_stale_then_dropped(
+            killed_at + STALE_AFTER_S + SLACK_S, killed_at + FORGET_AFTER_S + SLACK_S
+        )
+        engine_0 = EngineWatch(handshake, ("0",))
         wait_for(
             lambda: server.process and server.process.poll() is not None,
             60,
             "vLLM exiting after its engine core died",
             server.tail,
         )
-        # The HTTP endpoints answer until the API server is gone: count from then. Engine 0
-        # went with it, with or without a bye.
+        # The HTTP endpoints answer until the API server is gone (at the latest, when its
+        # process has exited). Engine 0 went with it, with or without a bye.
         exited_at = time.monotonic()
-        assert_marked_stale_then_dropped(http, exited_at, POLL_S + STALE_AFTER_S)
-        assert_marked_stale_then_dropped(handshake, exited_at, STALE_AFTER_S, said_bye=True)
+        http_gone.assert_stale_then_dropped(
+            exited_at + POLL_S + STALE_AFTER_S + SLACK_S, exited_at + FORGET_AFTER_S + SLACK_S
+        )
+        engine_0.assert_stale_then_dropped(
+            exited_at + STALE_AFTER_S + SLACK_S, exited_at + FORGET_AFTER_S + SLACK_S, said_bye=True
+        )
         server.stop()
 
         # 2. vLLM started again on the same port: fresh engines, logged once each. The plugin
@@ -136,10 +163,18 @@ def test_engines_killed_restarted_and_stopped(tmp_path: Path) -> None:
         assert logged(http, "engine_added") == {"0": 2, "1": 2}
 
         # 3. The whole server stopped cleanly: the plugin says bye, the HTTP endpoints vanish.
-        stopped_at = time.monotonic()
+        # The stop returns once every process of vLLM has gone: count from then.
+        bye, http_gone = EngineWatch(handshake), EngineWatch(http)
         restarted.stop()
-        assert_marked_stale_then_dropped(handshake, stopped_at, STALE_AFTER_S, said_bye=True)
-        assert_marked_stale_then_dropped(http, stopped_at, POLL_S + STALE_AFTER_S)
+        stopped_at = time.monotonic()
+        bye.assert_stale_then_dropped(
+            stopped_at + STALE_AFTER_S + SLACK_S,
+            stopped_at + FORGET_AFTER_S + SLACK_S,
+            said_bye=True,
+        )
+        http_gone.assert_stale_then_dropped(
+            stopped_at + POLL_S + STALE_AFTER_S + SLACK_S, stopped_at + FORGET_AFTER_S + SLACK_S
+        )
     finally:
         server.stop()
         restarted.stop()
