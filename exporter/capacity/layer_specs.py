@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from exporter.capacity.families import AttentionLayer, MambaLayer, ModelLayout
 from exporter.capacity.hf_config import HfConfig
+from exporter.capacity.platforms import FLASHMLA_BLOCK
 from exporter.capacity.settings import (
     FP8_KV_CACHE_DTYPES,
     NVFP4_KV_CACHE_DTYPES,
@@ -29,8 +30,6 @@ from exporter.errors import ConfigError, UnsupportedConfiguration
 
 # FlashAttention-MLA and Triton MLA take any multiple of 16 tokens per block.
 _MLA_KERNEL_BLOCK = 16
-# FlashMLA, vLLM's first choice for an fp8 latent cache on Hopper, only takes 64.
-_FLASHMLA_BLOCK = 64
 # KV dtypes some MLA backend on Hopper accepts.
 _MLA_KV_DTYPES = frozenset({"bfloat16", "float16", "fp8", "fp8_e4m3"})
 # vLLM raises the block size of MLA + Mamba hybrids to a multiple of 128.
@@ -161,7 +160,7 @@ def _mla_block_size(requested: int | None, kv: KvCacheDtype) -> int:
     (bf16/fp16/fp8, multiples of 64), Triton MLA (the same dtypes, multiples of 16)."""
     _mla_kv_dtype_supported(kv)
     if requested is None:
-        return _MLA_KERNEL_BLOCK if kv.name == "bfloat16" else _FLASHMLA_BLOCK
+        return _MLA_KERNEL_BLOCK if kv.name == "bfloat16" else FLASHMLA_BLOCK
     if requested % _MLA_KERNEL_BLOCK:
         raise UnsupportedConfiguration(
             f"no MLA attention backend on an H100-class GPU supports --block-size {requested}"

@@ -15,8 +15,9 @@ from exporter.errors import ConfigError
 
 CUDA = "cuda"
 CPU = "cpu"
-# FlashMLA's KV block (tokens), the block older CUDA releases force on MLA models.
-_FLASHMLA_BLOCK = 64
+# FlashMLA's KV block (tokens): the only one its kernel takes (vLLM's first choice for an fp8
+# latent cache on Hopper); CUDA releases before 0.18 force it on every MLA model.
+FLASHMLA_BLOCK = 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,7 +127,7 @@ def _cuda_mla_block(release: RuleSet) -> tuple[int | None, int | None]:
     """(mla_block_size, mla_block_multiple) of the CUDA row as `release`'s CudaPlatform
     forces them on MLA models (FlashMLA's block on Hopper before 0.18)."""
     if release.cuda_mla_block == "flashmla_64":
-        return _FLASHMLA_BLOCK, None
+        return FLASHMLA_BLOCK, None
     if release.cuda_mla_block == "flashmla_multiple_64":
-        return None, _FLASHMLA_BLOCK
+        return None, FLASHMLA_BLOCK
     return None, None
