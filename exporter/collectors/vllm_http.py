@@ -343,17 +343,20 @@ def _vllm_command_lines(proc: Path) -> Iterator[tuple[int | None, VllmServeArgs]
         words = [w.decode("utf-8", "replace") for w in argv if w]
         if not _looks_like_vllm(words):
             continue
+        args = _parse_command_line(words, entry)
+        if args is not None:
+            yield _listening_port(words), args
+
+
+def _parse_command_line(words: list[str], entry: Path) -> VllmServeArgs | None:
+    """A vLLM process's arguments, its --config file read as the process sees it (its root,
+    its working folder); the command line alone where the file cannot be read from here."""
+    for read_config in (_process_file_reader(entry), None):
         try:
-            # vLLM's --config file, as the process sees it (its root, its working folder).
-            yield (
-                _listening_port(words),
-                parse_vllm_serve_args(words, read_config=_process_file_reader(entry)),
-            )
+            return parse_vllm_serve_args(words, read_config=read_config)
         except KvcapError:
-            try:  # the file is not readable from here: the command line alone
-                yield _listening_port(words), parse_vllm_serve_args(words)
-            except KvcapError:
-                continue
+            continue
+    return None
 
 
 def _listening_port(words: list[str]) -> int | None:
