@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.errors import ConfigError, UsageError
-from exporter.logs import parse_level
 from exporter.units import parse_duration, parse_size
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -197,6 +196,8 @@ def _argparse_type(parse: Callable[[str], Any], text: str) -> Any:
 
 def log_level(text: str) -> str:
     """`debug`, `info`, `warn` (or `warning`, as the logs print it), `error`."""
+    from exporter.logs import parse_level  # noqa: PLC0415 (exporter.logs loads structlog)
+
     try:
         return parse_level(text)
     except ValueError as error:

@@ -23,8 +23,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from exporter.capacity import EngineSettings
 from exporter.errors import ConfigError, UsageError
 from exporter.units import parse_count, parse_size
@@ -212,6 +210,8 @@ def config_tokens(path: str, read_config: Callable[[str], str]) -> list[str]:
         raise ConfigError(f"--config {path}: cannot read it: {error.strerror or error}") from None
     except ValueError as error:  # not UTF-8, or a NUL byte in the path
         raise ConfigError(f"--config {path}: cannot read it: {error}") from None
+    import yaml  # noqa: PLC0415 (most command lines have no --config; PyYAML is slow to load)
+
     try:
         document = yaml.safe_load(text)
     except Exception as error:  # PyYAML raises plain Python errors for odd tags, too
