@@ -65,8 +65,19 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> argparse.Namespace
         args.vllm_tail = tail
     elif extras or tail is not None:
         unknown = extras or ["--"]
-        raise UsageError(f"unrecognized arguments: {' '.join(unknown)} (see {PROG} --help)")
+        hint = _closest_flag(unknown[0], commands)
+        raise UsageError(f"unrecognized arguments: {' '.join(unknown)}{hint} (see {PROG} --help)")
     return args
+
+
+def _closest_flag(typed: str, commands: Sequence[Flags]) -> str:
+    """ "; did you mean --web.listen-address?" for a mistyped flag (Python 3.11's argparse
+    names none), or nothing when no flag is close."""
+    import difflib  # noqa: PLC0415 (only a mistyped command line pays for it)
+
+    options = [o for flags in commands for a in flags.parser._actions for o in a.option_strings]
+    closest = difflib.get_close_matches(typed.partition("=")[0][:80], options, n=1)
+    return f"; did you mean {closest[0]}?" if closest else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
