@@ -75,7 +75,7 @@ def _closest_flag(typed: str, commands: Sequence[Flags]) -> str:
     names none), or nothing when no flag is close."""
     import difflib  # noqa: PLC0415 (only a mistyped command line pays for it)
 
-    options = [o for flags in commands for a in flags.parser._actions for o in a.option_strings]
+    options = [option for flags in commands for option in flags.spellings]
     closest = difflib.get_close_matches(typed.partition("=")[0][:80], options, n=1)
     return f"; did you mean {closest[0]}?" if closest else ""
 

@@ -83,6 +83,7 @@ class Flags:
     def __init__(self, parser: argparse.ArgumentParser) -> None:
         self.parser = parser
         self.declared: list[Flag] = []
+        self.spellings: list[str] = []  # every option string, aliases and --no- forms too
 
     def group(self, title: str) -> FlagGroup:
         return FlagGroup(self, self.parser.add_argument_group(title))
@@ -146,6 +147,7 @@ class FlagGroup:
             if repeatable:
                 kwargs["action"] = "append"
         self._group.add_argument(option, *aliases, **kwargs)
+        self._flags.spellings += [option, *aliases, *(["--no-" + option[2:]] if switch else [])]
         kind = "switch" if switch else "list" if repeatable else "value"
         self._flags.declared.append(Flag(option, dest, twin, default, kind, type, secret))
 

@@ -209,6 +209,16 @@ def test_vllm_yaml_config_is_read_and_the_command_line_wins(tmp_path: Path) -> N
     assert "cannot read it" in missing.stderr
 
 
+def test_a_yaml_config_key_the_release_does_not_know_is_refused(tmp_path: Path) -> None:
+    """vLLM reads the file's keys as flags, so a mistyped key is refused as a flag is."""
+    config = tmp_path / "vllm.yaml"
+    config.write_text(f"model: {LLAMA}\ntensor_paralel_size: 2\nkv-cache-memory-bytes: 20GiB\n")
+    run = kvcap("capacity", "--", "vllm", "serve", "--config", str(config))
+    assert run.returncode == 2
+    assert "unknown vllm serve flag --tensor-paralel-size" in run.stderr
+    assert run.stderr.endswith("did you mean --tensor-parallel-size?\n")
+
+
 def test_the_old_config_flag_still_names_a_model_folder() -> None:
     document = capacity_json("--config", LLAMA, "--available-kv-bytes", "20GiB")
     assert document["used"]["model"] == LLAMA

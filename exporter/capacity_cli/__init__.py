@@ -188,7 +188,7 @@ def split_vllm_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 def _own_flags(flags: Flags) -> list[str]:
     """capacity's own flags, named when a mistyped flag is closest to one of them."""
-    return [option for action in flags.parser._actions for option in action.option_strings]
+    return flags.spellings
 
 
 def wants_json(argv: Sequence[str], args: argparse.Namespace | None) -> bool:
