@@ -9,14 +9,14 @@ and the cause; `--log.level debug` adds the traceback of an unexpected error.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import traceback
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
-from exporter import __version__, capacity_cli, demo, serve
-from exporter import collectors as _collectors  # noqa: F401 (importing registers them)
+from exporter import __version__, capacity_cli
 from exporter.errors import KvcapError, UsageError
 from exporter.flags import Flags
 
@@ -33,7 +33,14 @@ class CommandLineParser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, list[Flags]]:
+# Each command's module, imported only when that command runs (or for the top-level
+# help): `serve` pulls in prometheus_client, ZMQ, NVML and structlog, which a `capacity`
+# run, meant to answer as fast as a shell command, never uses.
+COMMANDS = {"serve": "exporter.serve", "demo": "exporter.demo", "capacity": "exporter.capacity_cli"}
+
+
+def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, list[Flags]]:
+    """The parser; with a known `command`, the one that command's flags need alone."""
     parser = CommandLineParser(
         prog=PROG,
         description="Group-aware vLLM KV cache capacity, per engine, for Prometheus.",
@@ -41,17 +48,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[Flags]]:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands = [
-        serve.add_parser(subparsers),
-        demo.add_parser(subparsers),
-        capacity_cli.add_parser(subparsers),
-    ]
+    names = [command] if command in COMMANDS else list(COMMANDS)
+    commands = [importlib.import_module(COMMANDS[name]).add_parser(subparsers) for name in names]
     return parser, commands
 
 
 def parse(argv: Sequence[str], environ: Mapping[str, str]) -> argparse.Namespace:
     """Flags and environment twins to a namespace; raises UsageError."""
-    parser, commands = build_parser()
+    parser, commands = build_parser(argv[0] if argv else None)
     for flags in commands:
         flags.apply_environment(environ)
     head, tail = capacity_cli.split_vllm_command(list(argv))
@@ -61,8 +65,19 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> argparse.Namespace
         args.vllm_tail = tail
     elif extras or tail is not None:
         unknown = extras or ["--"]
-        raise UsageError(f"unrecognized arguments: {' '.join(unknown)} (see {PROG} --help)")
+        hint = _closest_flag(unknown[0], commands)
+        raise UsageError(f"unrecognized arguments: {' '.join(unknown)}{hint} (see {PROG} --help)")
     return args
+
+
+def _closest_flag(typed: str, commands: Sequence[Flags]) -> str:
+    """ "; did you mean --web.listen-address?" for a mistyped flag (Python 3.11's argparse
+    names none), or nothing when no flag is close."""
+    import difflib  # noqa: PLC0415 (only a mistyped command line pays for it)
+
+    options = [option for flags in commands for option in flags.spellings]
+    closest = difflib.get_close_matches(typed.partition("=")[0][:80], options, n=1)
+    return f"; did you mean {closest[0]}?" if closest else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.errors import ConfigError, UsageError
-from exporter.logs import parse_level
 from exporter.units import parse_duration, parse_size
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -84,6 +83,7 @@ class Flags:
     def __init__(self, parser: argparse.ArgumentParser) -> None:
         self.parser = parser
         self.declared: list[Flag] = []
+        self.spellings: list[str] = []  # every option string, aliases and --no- forms too
 
     def group(self, title: str) -> FlagGroup:
         return FlagGroup(self, self.parser.add_argument_group(title))
@@ -147,6 +147,7 @@ class FlagGroup:
             if repeatable:
                 kwargs["action"] = "append"
         self._group.add_argument(option, *aliases, **kwargs)
+        self._flags.spellings += [option, *aliases, *(["--no-" + option[2:]] if switch else [])]
         kind = "switch" if switch else "list" if repeatable else "value"
         self._flags.declared.append(Flag(option, dest, twin, default, kind, type, secret))
 
@@ -197,6 +198,8 @@ def _argparse_type(parse: Callable[[str], Any], text: str) -> Any:
 
 def log_level(text: str) -> str:
     """`debug`, `info`, `warn` (or `warning`, as the logs print it), `error`."""
+    from exporter.logs import parse_level  # noqa: PLC0415 (exporter.logs loads structlog)
+
     try:
         return parse_level(text)
     except ValueError as error:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import msgspec
-
 from exporter.errors import MalformedInput
 
 
@@ -35,7 +33,11 @@ def read_json(text: str | bytes) -> Any:
         # RecursionError: nesting deeper than Python's json follows.
         raise NotJson(str(error)) from None
     try:
-        msgspec.json.encode(document)
+        # Written out as UTF-8 again, with the standard library: msgspec would do it
+        # faster, but importing it costs a `capacity` command more than its arithmetic.
+        json.dumps(document, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise NotJson("a string with a lone UTF-16 surrogate") from None
+    except RecursionError:
+        raise NotJson("nested deeper than kvcap writes out") from None
     return document

@@ -209,6 +209,16 @@ def test_vllm_yaml_config_is_read_and_the_command_line_wins(tmp_path: Path) -> N
     assert "cannot read it" in missing.stderr
 
 
+def test_a_yaml_config_key_the_release_does_not_know_is_refused(tmp_path: Path) -> None:
+    """vLLM reads the file's keys as flags, so a mistyped key is refused as a flag is."""
+    config = tmp_path / "vllm.yaml"
+    config.write_text(f"model: {LLAMA}\ntensor_paralel_size: 2\nkv-cache-memory-bytes: 20GiB\n")
+    run = kvcap("capacity", "--", "vllm", "serve", "--config", str(config))
+    assert run.returncode == 2
+    assert "unknown vllm serve flag --tensor-paralel-size" in run.stderr
+    assert run.stderr.endswith("did you mean --tensor-parallel-size?\n")
+
+
 def test_the_old_config_flag_still_names_a_model_folder() -> None:
     document = capacity_json("--config", LLAMA, "--available-kv-bytes", "20GiB")
     assert document["used"]["model"] == LLAMA
@@ -233,12 +243,61 @@ def test_speculative_config_is_never_silent() -> None:
 def test_unknown_vllm_flags_are_listed_as_ignored() -> None:
     document = capacity_json(
         LLAMA, "--kv-cache-memory-bytes", "20GiB", "--trust-remote-code", "--port", "8000",
-        "--enable-chunked-prefill", "-O3", "--swap-space", "4",
+        "--enable-chunked-prefill", "-O3", "--seed", "4", "--compilation_config.mode", "3",
     )  # fmt: skip
     assert document["used"]["ignored_flags"] == [
         "--trust-remote-code", "--port 8000", "--enable-chunked-prefill", "-O3",
-        "--swap-space 4",
+        "--seed 4", "--compilation_config.mode 3",
     ]  # fmt: skip
+
+
+def test_a_flag_the_release_does_not_know_is_refused_as_vllm_refuses_it() -> None:
+    run = kvcap("capacity", "--", "vllm", "serve", LLAMA, "--tensor-paralel-size", "2",
+                "--kv-cache-memory-bytes", "20GiB")  # fmt: skip
+    assert run.returncode == 2
+    assert run.stdout == ""
+    assert run.stderr == (
+        "kvcap-exporter: error: unknown vllm serve flag --tensor-paralel-size (vLLM 0.33 "
+        "refuses it); did you mean --tensor-parallel-size?\n"
+    )
+    as_json = kvcap("capacity", "--json", "--", "vllm", "serve", LLAMA, "--tensor-paralel-size",
+                    "2", "--kv-cache-memory-bytes", "20GiB")  # fmt: skip
+    assert as_json.returncode == 2
+    assert "did you mean --tensor-parallel-size?" in json.loads(as_json.stdout)["error"]["message"]
+
+
+def test_the_release_planned_with_decides_which_flags_exist() -> None:
+    """--swap-space went away after vLLM 0.17: ignored when planning as 0.17, refused as 0.33."""
+    args = [LLAMA, "--kv-cache-memory-bytes", "20GiB", "--swap-space", "4"]
+    old = capacity_json("--vllm-version", "0.17.1", *args)
+    assert old["used"]["ignored_flags"] == ["--swap-space 4"]
+    new = kvcap("capacity", *args)
+    assert new.returncode == 2
+    assert "unknown vllm serve flag --swap-space (vLLM 0.33 refuses it); vLLM 0.10-0.17" in (
+        new.stderr
+    )
+
+
+def test_an_abbreviated_flag_is_read_as_vllms_parser_reads_it() -> None:
+    """vLLM's parser keeps argparse's abbreviations: a unique prefix is that flag, a prefix
+    of several is refused."""
+    document = capacity_json(LLAMA, "--kv-cache-memory-bytes", "20GiB", "--tensor-parallel", "2")
+    assert document["used"]["settings"]["--tensor-parallel-size"]["value"] == 2
+    assert document["used"]["ignored_flags"] == []
+    run = kvcap("capacity", LLAMA, "--kv-cache-memory-bytes", "20GiB", "--max-num", "4")
+    assert run.returncode == 2
+    assert "ambiguous vllm serve flag --max-num (vLLM 0.33 refuses it)" in run.stderr
+    assert "--max-num-batched-tokens" in run.stderr
+
+
+def test_a_typo_in_kvcaps_own_flag_names_the_closest() -> None:
+    run = kvcap("capacity", LLAMA, "--gpu-memroy", "H100")
+    assert run.returncode == 2
+    assert run.stderr.count("\n") == 1
+    assert run.stderr.endswith("did you mean --gpu-memory?\n"), run.stderr
+    serve = kvcap("serve", "--web.listen-adress", ":0")
+    assert serve.returncode == 2
+    assert "did you mean --web.listen-address?" in serve.stderr
 
 
 def test_does_not_fit_is_still_json_with_the_longest_length() -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from exporter.capacity import CUDA, PLATFORMS, derive_capacity, run_case
+from exporter.capacity.serve_flags import accepted_flags
 from exporter.capacity_cli.inputs import CapacityInputs, build_inputs, inputs_for, vllm_command
 from exporter.capacity_cli.memory import GPU_MEMORY_MIB
 from exporter.capacity_cli.report import (
@@ -49,7 +50,8 @@ directly), with vLLM's defaults:
   --mamba-cache-mode none|align       --mamba-cache-dtype / --mamba-ssm-cache-dtype (auto)
   --config FILE.yaml                  vLLM's config file; the command line wins over it
   --speculative-config JSON           read, and reported as not modelled
-Other vLLM flags (--port, --trust-remote-code, ...) are accepted and listed as ignored.
+Other vLLM flags (--port, --trust-remote-code, ...) are accepted and listed as ignored;
+a flag the planned release's `vllm serve` does not know is refused (exit 2), as vLLM does.
 GPU names for --gpu-memory: """
     + ", ".join(GPU_MEMORY_MIB)
     + """.
@@ -184,6 +186,11 @@ def split_vllm_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
     return head, tail
 
 
+def _own_flags(flags: Flags) -> list[str]:
+    """capacity's own flags, named when a mistyped flag is closest to one of them."""
+    return flags.spellings
+
+
 def wants_json(argv: Sequence[str], args: argparse.Namespace | None) -> bool:
     """Whether an error should be printed as JSON: `capacity --json`, even when the rest
     of the command line could not be parsed."""
@@ -222,7 +229,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout  # looked up now: a test may have replaced it
     if args.cases:
         return _run_batch(Path(args.cases), out)
-    base = build_inputs(args, vllm_command(args))
+    accepted = accepted_flags(args.vllm_version, own=_own_flags(args.flags))
+    base = build_inputs(args, vllm_command(args, accepted))
     if args.sweep:
         return _run_sweep(args, base, [parse_axis(text) for text in args.sweep], out)
     outcome = plan(base)

@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,16 +69,19 @@ class CapacityInputs:
         return self.vllm.data_parallel_size or 1
 
 
-def vllm_command(args: argparse.Namespace) -> VllmServeArgs:
+def vllm_command(
+    args: argparse.Namespace, accepted: Callable[[str], str] | None = None
+) -> VllmServeArgs:
     """The vLLM flags of a capacity run: `--vllm-command "..."`, then what follows `--`,
-    then loose vLLM flags given to `capacity` itself; a later flag wins, as in vLLM."""
+    then loose vLLM flags given to `capacity` itself; a later flag wins, as in vLLM.
+    `accepted` checks the flags kvcap does not model against the planned release's."""
     tokens: list[str] = []
     if args.vllm_command:
         tokens += without_launcher(_split(args.vllm_command))
     tokens += without_launcher(list(args.vllm_tail or []))
     tokens += list(args.vllm_tokens or [])
     tokens, legacy_model = _legacy_config(tokens)
-    parsed = parse_vllm_serve_args(["serve", *tokens], read_config=_read_text)
+    parsed = parse_vllm_serve_args(["serve", *tokens], read_config=_read_text, accepted=accepted)
     if parsed.model is None and legacy_model is not None:
         parsed = dataclasses.replace(parsed, model=legacy_model)
     return parsed

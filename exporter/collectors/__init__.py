@@ -1,54 +1,116 @@
-"""Collectors: each turns one outside interface into engine reports; they register themselves."""
+"""Collectors: each turns one outside interface into engine reports; they register themselves.
 
-from exporter.collectors import (  # noqa: F401 (importing registers them)
-    handshake,
-    kv_events,
-    nvml,
-    vllm_http,
-)
-from exporter.collectors.handshake import (
-    HandshakeCollector,
-    HandshakeReceiver,
-    HandshakeSettings,
-    engine_report,
-)
-from exporter.collectors.http_fetch import FetchError, fetch
-from exporter.collectors.kv_events import KvEventsCollector, KvEventsSettings, residency_views
-from exporter.collectors.kv_events_endpoints import (
-    connectable,
-    endpoints_from_sources,
-    parse_endpoint_flag,
-)
-from exporter.collectors.kv_events_sequence import Step, classify, missing_from
-from exporter.collectors.nvml import NvmlCollector, NvmlPoller, NvmlSettings
-from exporter.collectors.nvml_reader import NvmlSession, load_library, parse_visible_devices
-from exporter.collectors.registry import (
-    COLLECTORS,
-    Collector,
-    CollectorSpec,
-    collector_priority,
-    register_collector,
-)
-from exporter.collectors.settings_check import (
-    engine_mismatches,
-    expected_engines,
-    server_mismatches,
-)
-from exporter.collectors.vllm_http import (
-    ServerPoller,
-    VllmHttpCollector,
-    VllmHttpSettings,
-    discover_serve_args,
-)
-from exporter.collectors.vllm_http_reports import (
-    VERSION_UNKNOWN,
-    Deriver,
-    ServerDocuments,
-    ServerReading,
-    cached_deriver,
-    choose_platform,
-    read_server,
-)
+The collectors load (and register) on the first name taken from this package, not when a
+subpackage such as `exporter.collectors.parsing` is imported: `kvcap-exporter capacity`
+reads a command line with it and needs neither ZMQ nor NVML nor the HTTP poller.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from exporter.lazy_names import lazy_getattr
+
+if TYPE_CHECKING:
+    from exporter.collectors import (  # noqa: F401 (importing registers them)
+        handshake,
+        kv_events,
+        nvml,
+        vllm_http,
+    )
+    from exporter.collectors.handshake import (
+        HandshakeCollector,
+        HandshakeReceiver,
+        HandshakeSettings,
+        engine_report,
+    )
+    from exporter.collectors.http_fetch import FetchError, fetch
+    from exporter.collectors.kv_events import KvEventsCollector, KvEventsSettings, residency_views
+    from exporter.collectors.kv_events_endpoints import (
+        connectable,
+        endpoints_from_sources,
+        parse_endpoint_flag,
+    )
+    from exporter.collectors.kv_events_sequence import Step, classify, missing_from
+    from exporter.collectors.nvml import NvmlCollector, NvmlPoller, NvmlSettings
+    from exporter.collectors.nvml_reader import NvmlSession, load_library, parse_visible_devices
+    from exporter.collectors.registry import (
+        COLLECTORS,
+        Collector,
+        CollectorSpec,
+        collector_priority,
+        register_collector,
+    )
+    from exporter.collectors.settings_check import (
+        engine_mismatches,
+        expected_engines,
+        server_mismatches,
+    )
+    from exporter.collectors.vllm_http import (
+        ServerPoller,
+        VllmHttpCollector,
+        VllmHttpSettings,
+        discover_serve_args,
+    )
+    from exporter.collectors.vllm_http_reports import (
+        VERSION_UNKNOWN,
+        Deriver,
+        ServerDocuments,
+        ServerReading,
+        cached_deriver,
+        choose_platform,
+        read_server,
+    )
+
+
+# Which module each public name comes from; the collector modules register on import.
+_NAMES: dict[str, tuple[str, ...]] = {
+    "exporter.collectors.handshake": (
+        "HandshakeCollector",
+        "HandshakeReceiver",
+        "HandshakeSettings",
+        "engine_report",
+    ),
+    "exporter.collectors.http_fetch": ("FetchError", "fetch"),
+    "exporter.collectors.kv_events": ("KvEventsCollector", "KvEventsSettings", "residency_views"),
+    "exporter.collectors.kv_events_endpoints": (
+        "connectable",
+        "endpoints_from_sources",
+        "parse_endpoint_flag",
+    ),
+    "exporter.collectors.kv_events_sequence": ("Step", "classify", "missing_from"),
+    "exporter.collectors.nvml": ("NvmlCollector", "NvmlPoller", "NvmlSettings"),
+    "exporter.collectors.nvml_reader": ("NvmlSession", "load_library", "parse_visible_devices"),
+    "exporter.collectors.registry": (
+        "COLLECTORS",
+        "Collector",
+        "CollectorSpec",
+        "collector_priority",
+        "register_collector",
+    ),
+    "exporter.collectors.settings_check": (
+        "engine_mismatches",
+        "expected_engines",
+        "server_mismatches",
+    ),
+    "exporter.collectors.vllm_http": (
+        "ServerPoller",
+        "VllmHttpCollector",
+        "VllmHttpSettings",
+        "discover_serve_args",
+    ),
+    "exporter.collectors.vllm_http_reports": (
+        "VERSION_UNKNOWN",
+        "Deriver",
+        "ServerDocuments",
+        "ServerReading",
+        "cached_deriver",
+        "choose_platform",
+        "read_server",
+    ),
+}
+# Every collector loads with the first name: importing one registers only that one.
+__getattr__ = lazy_getattr(__name__, _NAMES, load_all=True)
 
 __all__ = [
     "COLLECTORS",

@@ -23,8 +23,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from exporter.capacity import EngineSettings
 from exporter.errors import ConfigError, UsageError
 from exporter.units import parse_count, parse_size
@@ -94,7 +92,10 @@ class SpeculativeConfig:
 
 
 def parse_vllm_serve_args(
-    args: str | Sequence[str], *, read_config: Callable[[str], str] | None = None
+    args: str | Sequence[str],
+    *,
+    read_config: Callable[[str], str] | None = None,
+    accepted: Callable[[str], str] | None = None,
 ) -> VllmServeArgs:
     """Read a `vllm serve` argument string or argv list; raises ConfigError naming a flag.
 
@@ -102,6 +103,10 @@ def parse_vllm_serve_args(
     `python -m vllm.entrypoints.openai.api_server`, ...) is skipped. The model is the first
     positional argument, else `--model`. `read_config` returns the text of the file that
     `--config` names; without it the file is only recorded in `config_file`.
+    `accepted` checks a flag kvcap does not model against the release's own flags (see
+    exporter.capacity.serve_flags): it returns the flag vLLM reads it as (an abbreviation
+    of a modelled flag is that flag) or raises UsageError; without it such a flag is
+    listed in `ignored`, unchecked.
     """
     try:
         tokens = shlex.split(args) if isinstance(args, str) else list(args)
@@ -113,7 +118,7 @@ def parse_vllm_serve_args(
     if config_file is not None and read_config is not None:
         # vLLM puts the file's flags first, so the command line wins over the file.
         tokens = [*config_tokens(config_file, read_config), *tokens]
-    parsed = _parse_tokens(tokens)
+    parsed = _parse_tokens(tokens, accepted)
     return dataclasses.replace(parsed, **environment) if environment else parsed
 
 
@@ -141,7 +146,7 @@ def _environment(tokens: list[str]) -> tuple[dict[str, Any], list[str]]:
     return values, tokens[index:]
 
 
-def _parse_tokens(tokens: list[str]) -> VllmServeArgs:
+def _parse_tokens(tokens: list[str], accepted: Callable[[str], str] | None) -> VllmServeArgs:
     values: dict[str, Any] = {}  # VllmServeArgs fields, typed by the converters
     positionals: list[str] = []
     ignored: list[str] = []
@@ -155,7 +160,7 @@ def _parse_tokens(tokens: list[str]) -> VllmServeArgs:
         if not _is_flag(token):
             positionals.append(token)
             continue
-        flag, has_value, value = _split_flag(token)
+        flag, has_value, value = _split_flag(token, accepted)
         if flag in _BOOLEANS:
             field, meaning = _BOOLEANS[flag]
             if not has_value and index < len(tokens) and tokens[index].lower() in _LITERALS:
@@ -212,6 +217,8 @@ def config_tokens(path: str, read_config: Callable[[str], str]) -> list[str]:
         raise ConfigError(f"--config {path}: cannot read it: {error.strerror or error}") from None
     except ValueError as error:  # not UTF-8, or a NUL byte in the path
         raise ConfigError(f"--config {path}: cannot read it: {error}") from None
+    import yaml  # noqa: PLC0415 (most command lines have no --config; PyYAML is slow to load)
+
     try:
         document = yaml.safe_load(text)
     except Exception as error:  # PyYAML raises plain Python errors for odd tags, too
@@ -287,12 +294,15 @@ def _is_flag(token: str) -> bool:
     return token.startswith("-") and token != "-" and not _NEGATIVE_NUMBER.fullmatch(token)
 
 
-def _split_flag(token: str) -> tuple[str, bool, str]:
-    """(canonical flag, whether `=value` was attached, the value)."""
+def _split_flag(token: str, accepted: Callable[[str], str] | None = None) -> tuple[str, bool, str]:
+    """(canonical flag, whether `=value` was attached, the value); `accepted` gives the
+    flag vLLM reads an unmodelled one as, or refuses it."""
     flag, equals, value = token.partition("=")
     if flag.startswith("--"):
         # vLLM's FlexibleArgumentParser accepts `--max_model_len` for `--max-model-len`.
         flag = flag.replace("_", "-")
+    if accepted is not None and flag not in _MODELLED:
+        flag = accepted(flag)
     return flag, bool(equals), value
 
 
@@ -498,3 +508,7 @@ _BOOLEANS: dict[str, tuple[str, bool]] = {
     "--disable-hybrid-kv-cache-manager": ("disable_hybrid_kv_cache_manager", True),
     "--no-disable-hybrid-kv-cache-manager": ("disable_hybrid_kv_cache_manager", False),
 }
+
+# Flags read as themselves, never looked up among a release's flags: kvcap's inputs (e.g.
+# --kv-cache-memory-bytes) work with every release it plans for.
+_MODELLED = frozenset({*_FLAGS, *_BOOLEANS, "--served-model-name"})
