@@ -244,14 +244,14 @@ def smallest_fit(
     model: ResolvedModel,
     config: Mapping[str, Any],
 ) -> Parallelism | None:
-    """The smallest TP x PP, larger than the asked one, whose estimate leaves a KV cache
-    even at the low end of its range."""
+    """The smallest TP x PP, larger than the asked one, whose central estimate leaves a KV
+    cache (its range is printed with it)."""
     for tp, pp in PARALLEL_SHAPES:
         if tp * pp <= settings.world_size:
             continue
         shape = dataclasses.replace(settings, tensor_parallel_size=tp, pipeline_parallel_size=pp)
         estimate = memory_estimate(args, vllm, shape, model, config)
-        if estimate.weights_fit_the_gpu and estimate.kv_range[0] > 0:
+        if estimate.weights_fit_the_gpu and estimate.kv_bytes > 0:
             return Parallelism(tp, pp, estimate)
     return None
 

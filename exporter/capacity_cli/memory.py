@@ -45,13 +45,15 @@ GPU_MEMORY_MIB: Mapping[str, int] = {
     "A10G": 23028,
     "RTX 4090": 24564,
     "RTX 3090": 24576,
+    "RTX 5090": 32607,
+    "A10": 23028,
 }
 # What `torch.cuda.mem_get_info` reports as total (GiB), the figure vLLM multiplies by the
 # utilization: the `total_gpu_memory (...)` of vLLM's start-up logs and PyTorch's "GPU 0
 # has a total capacity of ..." on each card (docs/capacity.md lists the sources). The
 # driver keeps 0.4-0.7 GiB of nvidia-smi's total for itself.
 GPU_USABLE_GIB: Mapping[str, float] = {
-    "H100 80GB": 79.19,
+    "H100 80GB": 79.18,
     "H100 NVL": 93.10,
     "H200": 139.81,
     "H20": 95.00,
@@ -64,6 +66,8 @@ GPU_USABLE_GIB: Mapping[str, float] = {
     "A10G": 21.99,
     "RTX 4090": 23.64,
     "RTX 3090": 23.58,
+    "RTX 5090": 31.37,
+    "A10": 22.07,
 }
 _ALIASES = {"H100": "H100 80GB", "H100 SXM": "H100 80GB", "H100 PCIE": "H100 80GB"}
 _ALIASES |= {"H200 141GB": "H200", "B200 180GB": "B200", "L40S 48GB": "L40S"}

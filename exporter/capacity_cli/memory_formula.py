@@ -32,7 +32,7 @@ ACTIVATION_BYTES = 2
 RESIDUAL_COPIES = 3
 # The sampler's peak per logit of its dummy batch: fp32 logits, the sorted copy and its
 # int64 indices for top-k/top-p, penalty counts; fitted to logs (see docs/capacity.md).
-SAMPLER_BYTES_PER_LOGIT = 8
+SAMPLER_BYTES_PER_LOGIT = 16
 # Non-torch memory that appears after the worker's first snapshot: cuBLAS workspaces and
 # the attention backend's buffers on one GPU; NCCL and custom all-reduce buffers beside
 # them when the worker talks to others.
@@ -162,8 +162,8 @@ def _activation_peak(shape: ModelShape, work: Workload) -> Term:
     return Term(
         "activation peak",
         peak,
-        int(peak * 0.6),
-        int(peak * 1.6),
+        int(peak * 0.5),
+        int(peak * 2.3),
         f"profiling run: {work.max_num_batched_tokens} tokens, {seqs} sampled sequences; "
         f"{which} is larger",
     )

@@ -31,7 +31,9 @@ class Parallelism:
         return (
             f"TP {self.tensor_parallel} x PP {self.pipeline_parallel}: weights "
             f"{self.estimate.weights_per_worker / GIB:.2f} GiB per worker, KV cache "
-            f"~{self.estimate.kv_bytes / GIB:.2f} GiB per worker"
+            f"~{self.estimate.kv_bytes / GIB:.2f} GiB per worker (range "
+            f"{max(self.estimate.kv_range[0], 0) / GIB:.2f} to "
+            f"{self.estimate.kv_range[1] / GIB:.2f})"
         )
 
 
