@@ -104,3 +104,12 @@ def test_json_carries_every_term_the_range_and_the_verdict(tmp_path: Path) -> No
     )
     assert document["verdict"]["kind"] == "fits"
     assert document["verdict"]["vllm_message_applies"] is False
+
+
+def test_a_sweep_never_shows_a_negative_cache_and_says_why_a_row_fails(llama_70b: str) -> None:
+    _, text = _capacity(llama_70b, "--gpu-memory", "H100", "--sweep", "tp=1,4")
+    rows = text.splitlines()[-2:]
+    assert rows[0].split()[:3] == ["1", "none", "(est.)"]
+    assert rows[0].endswith("does not fit (the weights exceed the GPU)")
+    assert rows[1].split()[0] == "4"
+    assert rows[1].endswith("fits")
