@@ -30,9 +30,13 @@ ACTIVATION_BYTES = 2
 # Live tensors of the widest layer during the profiling run, in units of the hidden size
 # (residual, normed input, attention or MLP output) beside the MLP's own intermediates.
 RESIDUAL_COPIES = 3
-# The sampler's peak per logit of its dummy batch: fp32 logits, the sorted copy and its
-# int64 indices for top-k/top-p, penalty counts; fitted to logs (see docs/capacity.md).
-SAMPLER_BYTES_PER_LOGIT = 16
+# The sampler's peak per logit of its dummy batch (top-k, top-p and penalties all on) in
+# PyTorch's path: fp32 logits (4), the sorted copy (4) and its int64 indices (8), softmax and
+# cumulative sum (8), the scattered result (4), int64 token counts for the penalties (8) and
+# masks (2): 38, what the H100 start-ups of tests/fixtures/startup-logs show. FlashInfer's
+# sampler sorts nothing; start-ups that used it show ~8 (the low end of the range).
+SAMPLER_BYTES_PER_LOGIT = 38
+SAMPLER_BYTES_PER_LOGIT_LOW = 8
 # Non-torch memory that appears after the worker's first snapshot: cuBLAS workspaces and
 # the attention backend's buffers on one GPU; NCCL and custom all-reduce buffers beside
 # them when the worker talks to others.
@@ -156,14 +160,15 @@ def _forward_peak(shape: ModelShape, work: Workload, tokens: int) -> int:
 def _activation_peak(shape: ModelShape, work: Workload) -> Term:
     forward = _forward_peak(shape, work, work.max_num_batched_tokens)
     seqs = min(work.max_num_seqs, work.max_num_batched_tokens)
-    sampler = seqs * shape.vocab * SAMPLER_BYTES_PER_LOGIT
+    logits = seqs * shape.vocab
+    sampler = logits * SAMPLER_BYTES_PER_LOGIT
     peak = max(forward, sampler)
     which = "sampler" if sampler >= forward else "forward pass"
     return Term(
         "activation peak",
         peak,
-        int(peak * 0.5),
-        int(peak * 2.3),
+        int(max(forward * 0.5, logits * SAMPLER_BYTES_PER_LOGIT_LOW)),
+        int(max(forward * 2.3, sampler * 1.3)),
         f"profiling run: {work.max_num_batched_tokens} tokens, {seqs} sampled sequences; "
         f"{which} is larger",
     )

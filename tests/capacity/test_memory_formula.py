@@ -91,9 +91,9 @@ def test_the_activation_peak_follows_tokens_sequences_and_tp() -> None:
     # The sampler's dummy batch: --max-num-seqs x vocabulary logits, the larger here.
     assert _terms(LLAMA_8B, dataclasses.replace(H100, max_num_seqs=256))["activation peak"] < peak
     # A long prefill chunk makes the forward pass the larger.
-    long = dataclasses.replace(H100, max_num_batched_tokens=65536)
+    long = dataclasses.replace(H100, max_num_batched_tokens=131072)
     assert _terms(LLAMA_8B, long)["activation peak"] > 2 * peak
-    tp4 = dataclasses.replace(H100, tensor_parallel=4, max_num_batched_tokens=65536)
+    tp4 = dataclasses.replace(H100, tensor_parallel=4, max_num_batched_tokens=131072)
     assert _terms(LLAMA_8B, tp4)["activation peak"] < _terms(LLAMA_8B, long)["activation peak"]
     # Fused MoE's workspaces grow with the experts each token is routed to.
     moe = _terms(QWEN3_235B, long)["activation peak"]
