@@ -21,6 +21,7 @@ from exporter.capacity import (
     release_rules,
 )
 from exporter.capacity_cli.memory import (
+    GpuMemory,
     MemoryEstimate,
     default_gpu_memory_utilization,
     estimate_parameters,
@@ -207,8 +208,29 @@ def memory_estimate(
     config: Mapping[str, Any],
 ) -> MemoryEstimate:
     """vLLM's memory formula for `--gpu-memory`, term by term, for the planned release."""
-    gpu = parse_gpu_memory(args.gpu_memory)
-    release = parse_version(_release(args.vllm_version).version)
+    weights, source, exact = weights_per_worker(model, config, settings)
+    return estimate_with_weights(
+        gpu=parse_gpu_memory(args.gpu_memory),
+        release=parse_version(_release(args.vllm_version).version),
+        vllm=vllm,
+        settings=settings,
+        config=config,
+        weights=(weights, source, exact),
+    )
+
+
+def estimate_with_weights(
+    *,
+    gpu: GpuMemory,
+    release: tuple[int, int, int],
+    vllm: VllmServeArgs,
+    settings: EngineSettings,
+    config: Mapping[str, Any],
+    weights: tuple[int, str, bool],
+) -> MemoryEstimate:
+    """The formula around given weights: (bytes of the binding worker, where they came
+    from, whether that is a byte count rather than a parameter count). Pure: the
+    start-up tests judge the other terms with each log's own "Model loading took"."""
     batched, seqs = default_batch_limits(gpu.total_bytes, gpu.name)
     flags = {entry.split(" ", 1)[0].split("=", 1)[0].replace("_", "-") for entry in vllm.ignored}
     workload = Workload(
@@ -220,11 +242,11 @@ def memory_estimate(
         release=release,
         expert_parallel="--enable-expert-parallel" in flags or "-ep" in flags,
     )
-    weights, source, exact = weights_per_worker(model, config, settings)
+    bytes_per_worker, source, exact = weights
     return MemoryEstimate(
         gpu=gpu,
         utilization=vllm.gpu_memory_utilization or default_gpu_memory_utilization(release),
-        weights_per_worker=weights,
+        weights_per_worker=bytes_per_worker,
         weights_source=source,
         weights_exact=exact,
         world_size=settings.world_size,

@@ -9,25 +9,22 @@ with kvcap's weights.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
-import math
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exporter.capacity import derive_capacity
+from exporter.capacity_cli.inputs import estimate_with_weights
 from exporter.capacity_cli.memory import GIB, parse_gpu_memory
-from exporter.capacity_cli.memory_formula import (
-    ModelShape,
-    Workload,
-    default_batch_limits,
-    non_kv_terms,
-)
+from exporter.capacity_cli.verdict import memory_verdict
 from exporter.cli import main
-from exporter.collectors.parsing import parse_vllm_serve_args
-from exporter.errors import KvcapError
+from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
+from exporter.errors import DoesNotFit, KvcapError
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 LOGS = FIXTURES / "startup-logs"
@@ -165,53 +162,29 @@ def start_ups() -> list[StartUp]:
     return found
 
 
-def _workload(case: StartUp) -> Workload:
-    args = parse_vllm_serve_args(["serve", "model", *case.flags])
-    gpu = parse_gpu_memory(case.gpu)
-    batched, seqs = default_batch_limits(gpu.total_bytes, gpu.name)
-    return Workload(
-        tensor_parallel=case.tensor_parallel,
-        pipeline_parallel=case.pipeline_parallel,
-        max_num_batched_tokens=args.max_num_batched_tokens or batched,
-        max_num_seqs=args.max_num_seqs or seqs,
-        enforce_eager=any(flag.startswith("--enforce-eager") for flag in case.flags),
-        release=case.release,
-    )
-
-
-def kv_with_logged_weights(case: StartUp) -> float | None:
-    """The formula's KV memory (GiB) with the log's own weights: the non-weight terms alone."""
-    if case.logged_weights_gib is None:
-        return None
-    total = parse_gpu_memory(case.gpu).total_bytes
-    terms = non_kv_terms(ModelShape.from_config(case.config), _workload(case))
-    budget = math.ceil(total * case.utilization)
-    kv = budget - case.logged_weights_gib * GIB - sum(term.bytes for term in terms)
-    return kv / GIB
-
-
-def capacity_run(case: StartUp, folder: Path, *, logged_weights: bool) -> dict[str, Any]:
-    """`capacity --json --gpu-memory GPU` on the row's config, as an operator would run it;
-    with `logged_weights`, the folder also holds a model.safetensors.index.json whose
-    total_size is the log's "Model loading took" on every worker."""
+def capacity_run(case: StartUp, folder: Path) -> dict[str, Any]:
+    """`capacity --json --gpu-memory GPU` on the row's config, as an operator would run it."""
     model = folder / case.file.removesuffix(".log")
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text(json.dumps(case.config), encoding="utf-8")
-    if logged_weights:
-        assert case.logged_weights_gib is not None
-        workers = case.tensor_parallel * case.pipeline_parallel
-        total = round(case.logged_weights_gib * GIB) * workers
-        index = {"metadata": {"total_size": total}, "weight_map": {}}
-        (model / "model.safetensors.index.json").write_text(json.dumps(index), encoding="utf-8")
-    argv = ["capacity", "--json", "--gpu-memory", case.gpu, "--vllm-version"]
-    argv += [".".join(map(str, case.release)), "--", "vllm", "serve", str(model)]
-    argv += ["-tp", str(case.tensor_parallel), "-pp", str(case.pipeline_parallel)]
-    argv += ["--gpu-memory-utilization", str(case.utilization), *case.flags]
+    argv = ["capacity", "--json", "--gpu-memory", case.gpu, "--vllm-version", _version(case)]
+    argv += ["--", "vllm", "serve", str(model), *_parallel_flags(case), *case.flags]
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         main(argv)
     document: dict[str, Any] = json.loads(out.getvalue())
     return document
+
+
+def _version(case: StartUp) -> str:
+    return ".".join(map(str, case.release))
+
+
+def _parallel_flags(case: StartUp) -> list[str]:
+    return [
+        "-tp", str(case.tensor_parallel), "-pp", str(case.pipeline_parallel),
+        "--gpu-memory-utilization", str(case.utilization),
+    ]  # fmt: skip
 
 
 def close(estimate_gib: float, logged_gib: float) -> bool:
@@ -222,9 +195,8 @@ def close(estimate_gib: float, logged_gib: float) -> bool:
 REFUSALS = frozenset({"weights_exceed_gpu", "no_kv_memory", "request_too_long"})
 
 
-def verdict_contradicts(document: dict[str, Any], started: bool) -> bool:
+def contradicts(kind: str, *, started: bool) -> bool:
     """A "does not fit" where vLLM started, or a "fits" where vLLM refused."""
-    kind = document["verdict"]["kind"]
     return kind in REFUSALS if started else kind == "fits"
 
 
@@ -257,14 +229,50 @@ class Judged:
 
 
 def judge(case: StartUp, folder: Path, *, logged_weights: bool) -> Judged:
-    document = capacity_run(case, folder, logged_weights=logged_weights)
+    """With `logged_weights`, the formula around the log's own "Model loading took" (the
+    non-weight terms alone, whatever kvcap's weights say); else the whole command."""
+    if logged_weights:
+        return _judge_with_logged_weights(case)
+    document = capacity_run(case, folder)
     memory = document["used"]["kv_cache_memory"]
     low, high = memory["estimate"]["kv_cache_range_bytes"]
+    kind = document["verdict"]["kind"]
     return Judged(
         case,
         memory["bytes_per_worker"] / GIB,
         low / GIB,
         high / GIB,
-        document["verdict"]["kind"],
-        verdict_contradicts(document, case.started),
+        kind,
+        contradicts(kind, started=case.started),
+    )
+
+
+def _judge_with_logged_weights(case: StartUp) -> Judged:
+    assert case.logged_weights_gib is not None
+    vllm = parse_vllm_serve_args(["serve", "model", *_parallel_flags(case), *case.flags])
+    settings = dataclasses.replace(
+        to_engine_settings(vllm), platform="cuda", vllm_version=_version(case)
+    )
+    estimate = estimate_with_weights(
+        gpu=parse_gpu_memory(case.gpu),
+        release=case.release,
+        vllm=vllm,
+        settings=settings,
+        config=case.config,
+        weights=(round(case.logged_weights_gib * GIB), "the log's Model loading took", True),
+    )
+    refusal = None
+    try:
+        derive_capacity(case.config, settings, available_kv_bytes_per_worker=estimate.kv_bytes)
+    except DoesNotFit as error:
+        refusal = error
+    kind = memory_verdict(estimate, refusal).kind
+    low, high = estimate.kv_range
+    return Judged(
+        case,
+        estimate.kv_bytes / GIB,
+        low / GIB,
+        high / GIB,
+        kind,
+        contradicts(kind, started=case.started),
     )

@@ -119,6 +119,6 @@ def _logged_tokens(lines: list[str]) -> int:
 def _run_with_kv(case: StartUp, folder: Path, kv: int, max_model_len: int | None) -> dict[str, Any]:
     extra = ["--max-model-len", str(max_model_len)] if max_model_len else []
     flags = [*case.flags, *extra, "--kv-cache-memory-bytes", str(kv)]
-    document = capacity_run(dataclasses.replace(case, flags=flags), folder, logged_weights=False)
+    document = capacity_run(dataclasses.replace(case, flags=flags), folder)
     assert document["result"] is not None, json.dumps(document["error"])
     return document
