@@ -18,10 +18,13 @@ SHAPES = json.loads(
 )
 
 
-def _model(folder: Path, name: str) -> str:
+def _model(folder: Path, name: str, *, bf16: bool = False) -> str:
     model = folder / name.replace("/", "--")
     model.mkdir(exist_ok=True)
-    (model / "config.json").write_text(json.dumps(SHAPES[name]))
+    config = dict(SHAPES[name])
+    if bf16:  # the same shapes as the unquantized checkpoint
+        config.pop("quantization_config", None)
+    (model / "config.json").write_text(json.dumps(config))
     return str(model)
 
 
@@ -38,8 +41,8 @@ def _kv_line(text: str) -> str:
 
 @pytest.fixture
 def llama_70b(tmp_path: Path) -> str:
-    # bf16 weights from config.json's shapes: ~70.6 B parameters x 2 bytes.
-    return _model(tmp_path, "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic")
+    # Llama 70B in bf16: ~70.6 B parameters x 2 bytes.
+    return _model(tmp_path, "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", bf16=True)
 
 
 def test_weights_past_the_whole_gpu_run_out_of_memory_loading_them(llama_70b: str) -> None:
