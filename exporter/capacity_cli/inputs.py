@@ -142,6 +142,7 @@ def inputs_for(
     settings = dataclasses.replace(
         to_engine_settings(vllm), platform=platform, vllm_version=args.vllm_version
     )
+    settings = _gpu_batch_default(args, vllm, settings)
     memory = kv_memory(args, vllm, settings, model, config)
     return CapacityInputs(
         vllm_version=release.version,
@@ -154,6 +155,22 @@ def inputs_for(
         not_modelled=_not_modelled(vllm),
         notes=_notes(vllm),
     )
+
+
+def _gpu_batch_default(
+    args: argparse.Namespace, vllm: VllmServeArgs, settings: EngineSettings
+) -> EngineSettings:
+    """A named GPU settles `vllm serve`'s --max-num-batched-tokens default (2048 on an A100,
+    L4 or L40S; 8192 on an H100): the plan then uses what vLLM would."""
+    if args.gpu_memory is None or vllm.max_num_batched_tokens is not None:
+        return settings
+    if settings.platform != PLATFORM:
+        return settings
+    gpu = parse_gpu_memory(args.gpu_memory)
+    if gpu.name is None:
+        return settings
+    batched, _ = default_batch_limits(gpu.total_bytes, gpu.name)
+    return dataclasses.replace(settings, max_num_batched_tokens=batched)
 
 
 def _release(version: str | None) -> ReleaseRules:

@@ -27,7 +27,11 @@ SETTING_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--kv-cache-memory-bytes", "kv_cache_memory_bytes", "measured by vLLM"),
     ("--gpu-memory-utilization", "gpu_memory_utilization", "0.9; 0.92 from vLLM 0.21"),
     ("--num-gpu-blocks-override", "num_gpu_blocks_override", "none"),
-    ("--max-num-batched-tokens", "max_num_batched_tokens", "the platform's default"),
+    (
+        "--max-num-batched-tokens",
+        "max_num_batched_tokens",
+        "the platform's default; the GPU's with --gpu-memory",
+    ),
     ("--max-num-seqs", "max_num_seqs", "vLLM's default"),
     ("--enable-prefix-caching", "enable_prefix_caching", "on"),
     ("--mamba-cache-mode", "mamba_cache_mode", "align with prefix caching, else none"),
