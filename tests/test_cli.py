@@ -4,6 +4,7 @@ used and vLLM's KV cache plan out."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -171,11 +172,16 @@ def test_gpu_memory_gives_a_labelled_estimate_from_the_weights_index(tmp_path: P
     estimate = memory["estimate"]
     assert memory["exact"] is False
     assert estimate["gpu"] == "H100 80GB"
-    assert estimate["gpu_total_bytes"] == 81559 * 2**20
+    # The GPU's total as torch.cuda.mem_get_info reports it, not nvidia-smi's 81,559 MiB.
+    assert estimate["gpu_total_bytes"] == int(79.18 * 2**30)
     assert estimate["weights_bytes_per_worker"] == 16_060_522_496 // 2
+    terms = sum(term["bytes"] for term in estimate["terms"])
+    assert estimate["margin_bytes"] == terms
     assert memory["bytes_per_worker"] == (
-        int(81559 * 2**20 * 0.8) - 16_060_522_496 // 2 - estimate["margin_bytes"]
+        math.ceil(int(79.18 * 2**30) * 0.8) - 16_060_522_496 // 2 - terms
     )
+    low, high = estimate["kv_cache_range_bytes"]
+    assert low < memory["bytes_per_worker"] < high
     # Without the index the weights come from config.json's shapes, and the output says so.
     plain = capacity_json(LLAMA, "--gpu-memory", "79.5")
     assert "parameters estimated from config.json" in plain["used"]["kv_cache_memory"]["source"]

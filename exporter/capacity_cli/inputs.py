@@ -21,11 +21,19 @@ from exporter.capacity import (
     release_rules,
 )
 from exporter.capacity_cli.memory import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
+    GpuMemory,
     MemoryEstimate,
+    default_gpu_memory_utilization,
     estimate_parameters,
     parse_gpu_memory,
 )
+from exporter.capacity_cli.memory_formula import (
+    ModelShape,
+    Workload,
+    default_batch_limits,
+    non_kv_terms,
+)
+from exporter.capacity_cli.verdict import Parallelism
 from exporter.collectors.parsing import (
     VllmServeArgs,
     parse_vllm_serve_args,
@@ -48,6 +56,7 @@ class KvMemory:
     bytes_per_worker: int | None = None
     num_gpu_blocks: int | None = None
     estimate: MemoryEstimate | None = None
+    smallest_fit: Parallelism | None = None  # when the estimate leaves no KV cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +145,7 @@ def inputs_for(
     settings = dataclasses.replace(
         to_engine_settings(vllm), platform=platform, vllm_version=args.vllm_version
     )
+    settings = _gpu_batch_default(args, vllm, settings)
     memory = kv_memory(args, vllm, settings, model, config)
     return CapacityInputs(
         vllm_version=release.version,
@@ -148,6 +158,22 @@ def inputs_for(
         not_modelled=_not_modelled(vllm),
         notes=_notes(vllm),
     )
+
+
+def _gpu_batch_default(
+    args: argparse.Namespace, vllm: VllmServeArgs, settings: EngineSettings
+) -> EngineSettings:
+    """A named GPU settles `vllm serve`'s --max-num-batched-tokens default (2048 on an A100,
+    L4 or L40S; 8192 on an H100): the plan then uses what vLLM would."""
+    if args.gpu_memory is None or vllm.max_num_batched_tokens is not None:
+        return settings
+    if settings.platform != PLATFORM:
+        return settings
+    gpu = parse_gpu_memory(args.gpu_memory)
+    if gpu.name is None:
+        return settings
+    batched, _ = default_batch_limits(gpu.total_bytes, gpu.name)
+    return dataclasses.replace(settings, max_num_batched_tokens=batched)
 
 
 def _release(version: str | None) -> ReleaseRules:
@@ -180,18 +206,107 @@ def kv_memory(
         source = "--kv-cache-memory-bytes (exact: vLLM skips memory profiling)"
         return KvMemory(source, True, vllm.kv_cache_memory_bytes)
     if args.gpu_memory is not None:
-        estimate = MemoryEstimate(
-            gpu=parse_gpu_memory(args.gpu_memory),
-            utilization=vllm.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION,
-            **_weights(model, config, settings),
-            world_size=settings.world_size,
+        estimate = memory_estimate(args, vllm, settings, model, config)
+        smallest = None
+        if estimate.kv_range[0] <= 0 or not estimate.weights_fit_the_gpu:
+            smallest = smallest_fit(args, vllm, settings, model, config)
+        return KvMemory(
+            estimate.describe(), False, estimate.kv_bytes, estimate=estimate, smallest_fit=smallest
         )
-        return KvMemory(estimate.describe(), False, estimate.kv_bytes, estimate=estimate)
     raise UsageError(
         "give the KV cache memory: --kv-cache-memory-bytes SIZE per GPU (exact), "
         "--num-gpu-blocks-override N, --num-gpu-blocks N (from the engine's log), or "
         "--gpu-memory GiB|GPU name (an estimate)"
     )
+
+
+def memory_estimate(
+    args: argparse.Namespace,
+    vllm: VllmServeArgs,
+    settings: EngineSettings,
+    model: ResolvedModel,
+    config: Mapping[str, Any],
+) -> MemoryEstimate:
+    """vLLM's memory formula for `--gpu-memory`, term by term, for the planned release."""
+    weights, source, exact = weights_per_worker(model, config, settings)
+    return estimate_with_weights(
+        gpu=parse_gpu_memory(args.gpu_memory),
+        release=parse_version(_release(args.vllm_version).version),
+        vllm=vllm,
+        settings=settings,
+        config=config,
+        weights=(weights, source, exact),
+    )
+
+
+def estimate_with_weights(
+    *,
+    gpu: GpuMemory,
+    release: tuple[int, int, int],
+    vllm: VllmServeArgs,
+    settings: EngineSettings,
+    config: Mapping[str, Any],
+    weights: tuple[int, str, bool],
+) -> MemoryEstimate:
+    """The formula around given weights: (bytes of the binding worker, where they came
+    from, whether that is a byte count rather than a parameter count). Pure: the
+    start-up tests judge the other terms with each log's own "Model loading took"."""
+    batched, seqs = default_batch_limits(gpu.total_bytes, gpu.name)
+    flags = {entry.split(" ", 1)[0].split("=", 1)[0].replace("_", "-") for entry in vllm.ignored}
+    workload = Workload(
+        tensor_parallel=settings.tensor_parallel_size,
+        pipeline_parallel=settings.pipeline_parallel_size,
+        max_num_batched_tokens=vllm.max_num_batched_tokens or batched,
+        max_num_seqs=vllm.max_num_seqs or seqs,
+        enforce_eager="--enforce-eager" in flags,
+        release=release,
+        expert_parallel="--enable-expert-parallel" in flags or "-ep" in flags,
+    )
+    bytes_per_worker, source, exact = weights
+    return MemoryEstimate(
+        gpu=gpu,
+        utilization=vllm.gpu_memory_utilization or default_gpu_memory_utilization(release),
+        weights_per_worker=bytes_per_worker,
+        weights_source=source,
+        weights_exact=exact,
+        world_size=settings.world_size,
+        terms=non_kv_terms(ModelShape.from_config(config), workload),
+    )
+
+
+# The shapes tried when the asked one leaves no KV cache, smallest world first: TP within
+# a node of 8 GPUs, then pipeline stages across nodes.
+PARALLEL_SHAPES = ((1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (8, 4))
+
+
+def smallest_fit(
+    args: argparse.Namespace,
+    vllm: VllmServeArgs,
+    settings: EngineSettings,
+    model: ResolvedModel,
+    config: Mapping[str, Any],
+) -> Parallelism | None:
+    """The smallest TP x PP, larger than the asked one, whose central estimate leaves a KV
+    cache (its range is printed with it)."""
+    for tp, pp in PARALLEL_SHAPES:
+        if tp * pp <= settings.world_size:
+            continue
+        shape = dataclasses.replace(settings, tensor_parallel_size=tp, pipeline_parallel_size=pp)
+        estimate = memory_estimate(args, vllm, shape, model, config)
+        if estimate.weights_fit_the_gpu and estimate.kv_bytes > 0:
+            return Parallelism(tp, pp, estimate)
+    return None
+
+
+def weights_per_worker(
+    model: ResolvedModel, config: Mapping[str, Any], settings: EngineSettings
+) -> tuple[int, str, bool]:
+    """The binding worker's weight bytes, where they came from, and whether that is a
+    checkpoint's byte count (True) or a parameter count from config.json's shapes."""
+    found = _weights(model, config, settings)
+    total: int = found["weights_bytes"]
+    source: str = found["weights_source"]
+    return -(-total // settings.world_size), source, "estimated" not in source
 
 
 def _weights(

@@ -10,7 +10,8 @@ from typing import Any
 from exporter import __version__
 from exporter.capacity import NEWEST, CapacityResult, error_to_json, result_to_json
 from exporter.capacity_cli.inputs import CapacityInputs
-from exporter.capacity_cli.memory import GIB
+from exporter.capacity_cli.memory import GIB, MemoryEstimate
+from exporter.capacity_cli.verdict import Verdict, memory_verdict
 from exporter.errors import DoesNotFit
 
 # (flag as vLLM spells it, VllmServeArgs field, what vLLM does when it is not given)
@@ -24,9 +25,13 @@ SETTING_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--dtype", "dtype", "auto"),
     ("--kv-cache-dtype", "kv_cache_dtype", "auto"),
     ("--kv-cache-memory-bytes", "kv_cache_memory_bytes", "measured by vLLM"),
-    ("--gpu-memory-utilization", "gpu_memory_utilization", "0.9"),
+    ("--gpu-memory-utilization", "gpu_memory_utilization", "0.9; 0.92 from vLLM 0.21"),
     ("--num-gpu-blocks-override", "num_gpu_blocks_override", "none"),
-    ("--max-num-batched-tokens", "max_num_batched_tokens", "the platform's default"),
+    (
+        "--max-num-batched-tokens",
+        "max_num_batched_tokens",
+        "the platform's default; the GPU's with --gpu-memory",
+    ),
     ("--max-num-seqs", "max_num_seqs", "vLLM's default"),
     ("--enable-prefix-caching", "enable_prefix_caching", "on"),
     ("--mamba-cache-mode", "mamba_cache_mode", "align with prefix caching, else none"),
@@ -89,22 +94,59 @@ def used_document(inputs: CapacityInputs, result: CapacityResult | None = None) 
             "num_gpu_blocks": memory.num_gpu_blocks,
             "source": memory.source,
             "exact": memory.exact,
-            "estimate": None
-            if estimate is None
-            else {
-                "gpu": estimate.gpu.name,
-                "gpu_total_bytes": estimate.gpu.total_bytes,
-                "gpu_memory_utilization": estimate.utilization,
-                "weights_bytes": estimate.weights_bytes,
-                "weights_bytes_per_worker": estimate.weights_per_worker,
-                "weights_source": estimate.weights_source,
-                "margin_bytes": estimate.margin_bytes,
-            },
+            "estimate": None if estimate is None else estimate_document(estimate),
         },
         "ignored_flags": list(inputs.vllm.ignored),
         "not_modelled": list(inputs.not_modelled),
         "notes": list(inputs.notes),
     }
+
+
+def estimate_document(estimate: MemoryEstimate) -> dict[str, Any]:
+    """The estimate's arithmetic: the budget, the weights and each other term, with ranges."""
+    low, high = estimate.kv_range
+    weights_low, weights_high = estimate.weights_range
+    return {
+        "gpu": estimate.gpu.name,
+        "gpu_total_bytes": estimate.gpu.total_bytes,
+        "gpu_memory_utilization": estimate.utilization,
+        "budget_bytes": estimate.budget_bytes,
+        "weights_bytes": estimate.weights_per_worker * estimate.world_size,
+        "weights_bytes_per_worker": estimate.weights_per_worker,
+        "weights_range_bytes": [weights_low, weights_high],
+        "weights_source": estimate.weights_source,
+        "terms": [
+            {
+                "name": term.name,
+                "bytes": term.bytes,
+                "range_bytes": [term.low, term.high],
+                "depends_on": term.depends_on,
+            }
+            for term in estimate.terms
+        ],
+        "margin_bytes": estimate.other_bytes,
+        "kv_cache_bytes": estimate.kv_bytes,
+        "kv_cache_range_bytes": [low, high],
+    }
+
+
+def verdict_document(verdict: Verdict | None) -> dict[str, Any] | None:
+    if verdict is None:
+        return None
+    return {
+        "kind": verdict.kind,
+        "text": verdict.text,
+        "vllm_message_applies": verdict.quotes_vllm,
+        "margin_bytes": verdict.margin_bytes,
+    }
+
+
+def outcome_verdict(outcome: Outcome) -> Verdict | None:
+    """The estimate's standing; None when the KV memory was given exactly."""
+    estimate = outcome.inputs.memory.estimate
+    if estimate is None:
+        return None
+    return memory_verdict(estimate, outcome.refusal, outcome.inputs.memory.smallest_fit)
 
 
 def refusal_document(refusal: DoesNotFit) -> dict[str, Any]:
@@ -124,6 +166,7 @@ def outcome_document(outcome: Outcome) -> dict[str, Any]:
         "fits": result is not None,
         "result": None if result is None else _result_document(result, outcome.inputs),
         "error": None if outcome.refusal is None else refusal_document(outcome.refusal),
+        "verdict": verdict_document(outcome_verdict(outcome)),
     }
 
 
@@ -174,12 +217,33 @@ def used_text(inputs: CapacityInputs, result: CapacityResult | None = None) -> l
             shown = f"({default})"
         lines.append(f"  {flag.ljust(width)}  {shown}")
     lines.append(f"KV cache:       {_memory_line(inputs)}")
-    lines.append(f"  from {inputs.memory.source}")
+    estimate = inputs.memory.estimate
+    if estimate is None:
+        lines.append(f"  from {inputs.memory.source}")
+    else:
+        lines += estimate_lines(estimate)
     if inputs.vllm.ignored:
         lines.append(f"ignored flags:  {', '.join(inputs.vllm.ignored)} (no effect on capacity)")
     lines += [f"not modelled:   {line}" for line in inputs.not_modelled]
     lines += [f"note:           {line}" for line in inputs.notes]
     return lines
+
+
+def estimate_lines(estimate: MemoryEstimate) -> list[str]:
+    """The estimate's arithmetic, one term a line, each with its range."""
+    weights_low, weights_high = estimate.weights_range
+    rows = [
+        f"  {estimate.gpu.describe()} x {estimate.utilization:g} = "
+        f"{estimate.budget_bytes / GIB:.2f} GiB, minus:",
+        f"    weights           {estimate.weights_per_worker / GIB:6.2f} GiB per worker "
+        f"({weights_low / GIB:.2f}-{weights_high / GIB:.2f}; {estimate.weights_source})",
+    ]
+    rows += [
+        f"    {term.name:<17} {term.bytes / GIB:6.2f} GiB ({term.low / GIB:.2f}-"
+        f"{term.high / GIB:.2f}; {term.depends_on})"
+        for term in estimate.terms
+    ]
+    return rows
 
 
 def _flag_value(value: object) -> str:
@@ -195,6 +259,18 @@ def _memory_line(inputs: CapacityInputs) -> str:
     if memory.bytes_per_worker is None:
         return f"{memory.num_gpu_blocks:,} blocks per engine"
     label = "" if memory.exact else "  ** AN ESTIMATE **"
+    estimate = memory.estimate
+    if estimate is not None:
+        low, high = estimate.kv_range
+        if memory.bytes_per_worker <= 0:
+            return (
+                f"none per worker: the weights and the other terms exceed the budget by "
+                f"{-memory.bytes_per_worker / GIB:.2f} GiB{label}"
+            )
+        return (
+            f"~{memory.bytes_per_worker / GIB:.2f} GiB per worker (range "
+            f"{max(low, 0) / GIB:.2f} to {max(high, 0) / GIB:.2f} GiB){label}"
+        )
     return (
         f"{memory.bytes_per_worker / GIB:.2f} GiB per worker "
         f"({memory.bytes_per_worker:,} bytes){label}"
@@ -204,9 +280,14 @@ def _memory_line(inputs: CapacityInputs) -> str:
 def outcome_text(outcome: Outcome) -> str:
     lines = used_text(outcome.inputs, outcome.result)
     lines.append("")
+    verdict = outcome_verdict(outcome)
+    if verdict is not None:
+        lines.append(f"verdict: {verdict.text}")
     if outcome.refusal is not None:
-        lines.append(f"result: {outcome.refusal.summary}")
-        lines.append(f"vLLM's message: {outcome.refusal}")
+        if verdict is None:
+            lines.append(f"result: {outcome.refusal.summary}")
+        if verdict is None or verdict.quotes_vllm:
+            lines.append(f"vLLM's message: {outcome.refusal}")
     elif outcome.result is not None:
         lines += result_lines(outcome.result, outcome.inputs)
     return "\n".join(lines) + "\n"

@@ -11,6 +11,7 @@ from typing import Any
 
 from exporter.capacity_cli.memory import GIB
 from exporter.capacity_cli.report import Outcome, table
+from exporter.capacity_cli.verdict import memory_verdict
 from exporter.collectors.parsing import VllmServeArgs, vllm_flag_value
 from exporter.errors import UsageError
 
@@ -64,6 +65,13 @@ def combinations(base: VllmServeArgs, axes: Sequence[Axis]) -> list[VllmServeArg
     return rows
 
 
+# An estimate's verdict that outranks the plan's own "fits" or "does not fit".
+SWEEP_VERDICTS = {
+    "weights_exceed_gpu": "does not fit (the weights exceed the GPU)",
+    "no_kv_memory": "does not fit (no memory left for the KV cache)",
+}
+
+
 def sweep_rows(
     axes: Sequence[Axis], outcomes: Sequence[Outcome | Exception]
 ) -> tuple[list[str], list[list[str]]]:
@@ -77,10 +85,19 @@ def sweep_rows(
         cells = [_cell(getattr(outcome.inputs.vllm, axis.field)) for axis in axes]
         memory = outcome.inputs.memory
         kv = "-" if memory.bytes_per_worker is None else f"{memory.bytes_per_worker / GIB:.2f}"
+        if memory.bytes_per_worker is not None and memory.bytes_per_worker <= 0:
+            kv = "none"  # never a negative cache
         if not memory.exact:
             kv += " (est.)"
         result, refusal = outcome.result, outcome.refusal
-        if result is not None:
+        verdict = (
+            None
+            if memory.estimate is None
+            else memory_verdict(memory.estimate, refusal, memory.smallest_fit).kind
+        )
+        if verdict in SWEEP_VERDICTS:
+            cells += [kv, "-", "-", "-", "-", SWEEP_VERDICTS[verdict]]
+        elif result is not None:
             cells += [
                 kv,
                 f"{result.num_gpu_blocks:,}",
