@@ -25,16 +25,22 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.common import Row, median, p99, print_rows
+from benchmarks.parse import wide_exposition
 from exporter.capacity import EngineCapacity, EngineSettings, derive_capacity
-from exporter.collectors import collector_priority
+from exporter.collectors import VllmHttpSettings, collector_priority
+from exporter.collectors.http_fetch import fetch
+from exporter.collectors.parsing import parse_vllm_serve_args
+from exporter.collectors.vllm_http import ServerPoller
 from exporter.exposition import ExpositionCache
 from exporter.logs import configure_logging
 from exporter.serve import Exporter
@@ -44,6 +50,7 @@ ENGINES = 64
 REQUESTS = 400
 PUBLISHES = 200
 PAUSE_S = 0.005
+POLL_INTERVAL_S = 0.25
 TARGET = "http://127.0.0.1:8000"
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests/fixtures/golden/vllm-0.33-capacity.jsonl"
@@ -114,9 +121,13 @@ def latencies(
     gzip_: bool,
     before: Callable[[int], None] | None = None,
     pause_s: float = PAUSE_S,
+    cpu: list[float] | None = None,
 ) -> list[float]:
     """GET /metrics REQUESTS times (after 20 warm-up requests); `before(i)` runs untimed
-    before request i (the cold path replaces the snapshot there).
+    before request i (the cold path replaces the snapshot there). `cpu` receives the CPU
+    time this whole process (every thread: server, client, a poller) spent while each
+    GET was in flight: what the GET costs or waits for in this process, without the time
+    other processes on a busy machine held the cores.
 
     Every request, hot or cold, ours or the baseline's, waits PAUSE_S first: in production a
     poll and a scrape are independent events, while a GET sent the instant the publishing
@@ -133,11 +144,13 @@ def latencies(
             before(number)
         if pause_s:
             time.sleep(pause_s)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         connection.request("GET", "/metrics", headers=headers)
         response = connection.getresponse()
         response.read()
         timings.append(time.perf_counter() - start)
+        if cpu is not None and number >= 20:
+            cpu.append(time.process_time() - start_cpu)
         assert response.status == 200
     connection.close()
     return timings[20:]  # warm-up
@@ -196,6 +209,74 @@ def polls(store: StateStore) -> Callable[[int], None]:
         store.publish("vllm_http", TARGET, batches[number % len(batches)], duration_s=0.01)
 
     return poll
+
+
+class _PollForwarder:
+    """The poller's sink. Each poll does all of a real one's work on its own thread (fetch
+    the 64-engine body, decode, parse, read the engines); what it publishes is the
+    benchmark's next 64 Scout engines, so the series stay those of the cold rows and of
+    the baseline (with the state rebuild and the render of the next body, as a poll does)."""
+
+    def __init__(self, poll: Callable[[int], None]) -> None:
+        self._poll = poll
+        self.polls = 0
+        self.failures: list[str] = []
+
+    def register_target(self, collector: str, target: str) -> None:
+        """Nothing to register: the forwarded engines are the benchmark's."""
+
+    def publish(
+        self, collector: str, target: str, reports: Sequence[EngineReport], **_: object
+    ) -> None:
+        if len(reports) != ENGINES:
+            self.failures.append(f"{len(reports)} engines read, not {ENGINES}")
+        self.polls += 1
+        self._poll(self.polls)
+
+    def fail(self, collector: str, target: str, reason: str, message: str, **_: object) -> None:
+        self.failures.append(f"{reason}: {message}")
+
+    def forget(self, collector: str, target: str) -> None:
+        """Never reached: the stand-in keeps answering."""
+
+
+@contextmanager
+def vllm_polled(poll: Callable[[int], None]) -> Iterator[_PollForwarder]:
+    """vllm_http's poller reading a 64-engine vLLM body (another process serves it) every
+    POLL_INTERVAL_S, publishing through `poll`; checks on exit that it polled and never
+    failed."""
+    with tempfile.TemporaryDirectory() as directory:
+        body = Path(directory, "metrics")
+        body.write_text(wide_exposition(ENGINES))
+        server = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.vllm_standin", str(body)],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        try:
+            assert server.stdout is not None
+            url = server.stdout.readline().strip()
+            settings = VllmHttpSettings(
+                urls=(url,),
+                poll_interval_s=POLL_INTERVAL_S,
+                serve_args=parse_vllm_serve_args(f"qwen --data-parallel-size {ENGINES}"),
+            )
+            forwarder = _PollForwarder(poll)
+            stop = threading.Event()
+            poller = ServerPoller(url, settings, fetch, forwarder, stop)  # type: ignore[arg-type]
+            thread = threading.Thread(target=poller.run, name="vllm-http bench", daemon=True)
+            thread.start()
+            try:
+                yield forwarder
+            finally:
+                stop.set()
+                thread.join(10)
+            assert forwarder.polls > 0, "the poller never published"
+            assert not forwarder.failures, forwarder.failures[:3]
+        finally:
+            server.terminate()
+            server.wait(5)
 
 
 def baseline_updates(registry: CollectorRegistry) -> Callable[[int], None]:
@@ -292,9 +373,15 @@ def rows() -> list[Row]:
             cold = latencies(port, gzip_, poll)
             hot = latencies(port, gzip_)
             back_to_back = latencies(port, gzip_, pause_s=0)
+            with vllm_polled(poll) as forwarder:
+                polled = latencies(port, gzip_, poll)
             name = f"/metrics {kind}, {ENGINES} engines ({series} series)"
             result.append(ratio_row(f"{name}, cold", cold, theirs, 20))
             result.append(p99_row(f"{name}, cold", cold, theirs, 0.002))
+            busy = f"{name}, cold, {POLL_INTERVAL_S:g} s vllm_http poll running"
+            result.append(ratio_row(busy, polled, theirs, 20))
+            result.append(p99_row(busy, polled, theirs, 0.002))
+            result.append(Row(f"{busy}: polls during the scrapes", forwarder.polls, ""))
             result.append(ratio_row(f"{name}, hot", hot, theirs, 20))
             result.append(p99_row(f"{name}, hot", hot, theirs, 0.002))
             result.append(
