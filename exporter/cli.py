@@ -1,4 +1,4 @@
-"""The `kvcap-exporter` command line: `serve`, `demo` and `capacity`.
+"""The `kvcap-exporter` command line: `serve`, `demo`, `capacity` and `nvml-check`.
 
 Exit status: 0 success; 1 kvcap could not do what was asked (a file it cannot read, a port
 in use, a model that does not fit); 2 the command line itself is wrong (an unknown flag, a
@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
-from exporter import __version__, capacity_cli, demo, serve
+from exporter import __version__, capacity_cli, demo, nvml_check, serve
 from exporter import collectors as _collectors  # noqa: F401 (importing registers them)
 from exporter.errors import KvcapError, UsageError
 from exporter.flags import Flags
@@ -45,6 +45,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[Flags]]:
         serve.add_parser(subparsers),
         demo.add_parser(subparsers),
         capacity_cli.add_parser(subparsers),
+        nvml_check.add_parser(subparsers),
     ]
     return parser, commands
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import GOLDEN
+from tests.support import cli_command
 
 CONFIGS = GOLDEN / "handshake" / "configs"
 GEMMA = str(CONFIGS / "gemma-3-27b-text")
@@ -22,7 +22,7 @@ JAMBA = str(CONFIGS / "jamba-mini")
 
 def kvcap(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "exporter.cli", *args],
+        cli_command(*args),
         capture_output=True,
         text=True,
         check=False,

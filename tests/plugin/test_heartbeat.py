@@ -151,6 +151,7 @@ def beat_as_a_forked_engine(core: Any) -> None:
     os._exit(0 if sent_for == {1} else 3)
 
 
+@pytest.mark.process
 def test_a_forked_engine_beats_only_for_itself(
     monkeypatch: pytest.MonkeyPatch, sidecar: Sidecar
 ) -> None:
