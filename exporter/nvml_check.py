@@ -93,6 +93,17 @@ def timed_reads(session: NvmlSession, rounds: int) -> str:
     return f"median {median * 1e3:.3f} ms, p99 {p99 * 1e3:.3f} ms over {rounds} reads"
 
 
+# A diagnostic, not a benchmark: 100,000 reads of 8 GPUs take about a minute.
+MAX_ROUNDS = 100_000
+
+
+def _rounds(text: str) -> int:
+    rounds = int(text)
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise argparse.ArgumentTypeError(f"{rounds} is not between 1 and {MAX_ROUNDS:,}")
+    return rounds
+
+
 def add_parser(subparsers: Any) -> Flags:
     parser = subparsers.add_parser(
         "nvml-check", help="compare the nvml collector's GPU figures with nvidia-smi's"
@@ -113,7 +124,14 @@ def add_parser(subparsers: Any) -> Flags:
         default_text="the dynamic loader's search",
         help="path of libnvidia-ml.so.1",
     )
-    group.add("--rounds", metavar="COUNT", type=int, default=200, env=False, help="reads to time")
+    group.add(
+        "--rounds",
+        metavar="COUNT",
+        type=_rounds,
+        default=200,
+        env=False,
+        help=f"reads to time, 1 to {MAX_ROUNDS:,}",
+    )
     parser.set_defaults(handler=run, flags=flags)
     return flags
 
@@ -129,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         reading = session.read()
-        timing = timed_reads(session, max(args.rounds, 1))
+        timing = timed_reads(session, args.rounds)
     finally:
         session.close()
     print(f"driver {session.driver_version}, {session.gpu_count} GPUs; visible: {visible or 'all'}")

@@ -40,7 +40,7 @@ def test_the_lane_of_a_file_is_its_longest_matching_entry(path: str, kind: str) 
 
 def _imported_roots(source: Path) -> set[str]:
     tree = ast.parse(source.read_text(encoding="utf-8"))
-    roots = set()
+    roots: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             roots.update(alias.name.split(".")[0] for alias in node.names)

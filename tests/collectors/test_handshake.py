@@ -21,6 +21,7 @@ from exporter.handshake_wire import (
     ready_message,
 )
 from exporter.state import StateStore
+from tests import support
 from tests.conftest import GOLDEN, fuzz_budget
 from tests.fuzz.mutations import handshake_frames
 from tools.handshake_data import ready_for_rank, recorded_extras
@@ -60,12 +61,12 @@ class Listener:
         self.push.send_multipart(frames)
 
     def wait_for(self, predicate: Any, timeout_s: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if predicate(self.store.snapshot()):
-                return
-            time.sleep(0.002)
-        raise AssertionError("state never reached the expected shape")
+        support.wait_for(
+            lambda: predicate(self.store.snapshot()),
+            timeout_s,
+            "the state in the expected shape",
+            lambda: str(self.store.snapshot().engines),
+        )
 
 
 @pytest.fixture

@@ -84,3 +84,17 @@ def test_without_nvidia_smi_or_nvml(fake_nvml: FakeNvml, tmp_path: Path, smi: st
     assert status == 2, output
     if smi is not None:
         assert "NVML is not available: Driver Not Loaded" in output
+
+
+@pytest.mark.parametrize("rounds", ["0", "100001", "many"])
+def test_rounds_out_of_bounds_is_a_usage_error_in_one_line(rounds: str) -> None:
+    run = subprocess.run(
+        cli_command("nvml-check", "--rounds", rounds),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("\n") == 1
+    assert "--rounds" in run.stderr
