@@ -16,12 +16,8 @@ import subprocess
 import time
 from typing import Any
 
-from exporter.collectors.nvml_reader import (
-    NVMLError,
-    NvmlSession,
-    load_library,
-    parse_visible_devices,
-)
+from exporter.collectors import NvmlSession, load_library, parse_visible_devices
+from exporter.collectors.nvml_reader import NVMLError
 from exporter.flags import Flags
 from exporter.state import GpuReport
 
