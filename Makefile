@@ -70,15 +70,16 @@ typecheck: install
 check: install
 	$(BIN)/python -m pytest -q -m unit -n auto
 
-# Every test, every lane, the live suite included (it needs live-deps: `make test` runs both).
-unit: install live-deps
-	$(BIN)/python -m pytest
+# The in-process lane under its older name (it used to run every test: `make test` does).
+unit: check
 
 # The live suite: real vLLM CPU servers (tests/live/, README "Live tests").
 live: live-deps
 	$(BIN)/python -m pytest tests/live
 
-test: install system-deps tools live-deps lint typecheck unit
+# Every lane, the live suite included (it needs live-deps), after lint and typecheck: CI.
+test: install system-deps tools live-deps lint typecheck
+	$(BIN)/python -m pytest
 
 demo: install
 	$(BIN)/kvcap-exporter demo
