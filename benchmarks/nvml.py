@@ -7,7 +7,7 @@ Measured, as median and p99 over many rounds:
 - baseline, in the same run: the bare binding call for memory only,
   `nvmlDeviceGetMemoryInfo(handle, version=nvmlMemory_v2)` on 8 handles fetched
   beforehand, the least any collector of GPU memory does.
-The test library (tests/nvml/fake_nvml.c) reads its config file on every call, so its
+The test library (tools/nvml/fake_nvml.c) reads its config file on every call, so its
 per-call cost is a small file read: the ratio to the baseline and the calls per read carry
 over to a real driver, the microseconds do not (scripts/nvml-check.py times a real one).
 Run: .venv/bin/python -m benchmarks.nvml
@@ -28,8 +28,8 @@ from benchmarks.common import Row, median, p99, print_rows, timed
 from exporter.collectors import NvmlPoller, NvmlSession, NvmlSettings, load_library
 from exporter.logs import configure_logging
 from exporter.state import StateStore
-from tests.nvml.build import build_fake_nvml
-from tests.nvml.fake import FakeNvml, eight_h200s
+from tools.nvml.build import build_fake_nvml
+from tools.nvml.fake import FakeNvml, eight_h200s
 
 ROUNDS = 2000
 GPUS = 8

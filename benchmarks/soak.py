@@ -25,9 +25,9 @@ from benchmarks.daemon import free_port, proc_figures, scrape, start_daemon
 from exporter.demo import simulated_deployment
 from exporter.demo.simulated_vllm import SimulatedEngine, SimulatedVllm
 from exporter.handshake_wire import ReadyExtras, bye_message, ready_message
-from tests.handshake_data import ready_for_rank
-from tests.nvml.build import build_fake_nvml
-from tests.nvml.fake import FakeNvml, FakeNvmlConfig, eight_h200s
+from tools.handshake_data import ready_for_rank
+from tools.nvml.build import build_fake_nvml
+from tools.nvml.fake import FakeNvml, FakeNvmlConfig, eight_h200s
 
 GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
 

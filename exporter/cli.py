@@ -1,4 +1,4 @@
-"""The `kvcap-exporter` command line: `serve`, `demo` and `capacity`.
+"""The `kvcap-exporter` command line: `serve`, `demo`, `capacity` and `nvml-check`.
 
 Exit status: 0 success; 1 kvcap could not do what was asked (a file it cannot read, a port
 in use, a model that does not fit); 2 the command line itself is wrong (an unknown flag, a
@@ -36,7 +36,12 @@ class CommandLineParser(argparse.ArgumentParser):
 # Each command's module, imported only when that command runs (or for the top-level
 # help): `serve` pulls in prometheus_client, ZMQ, NVML and structlog, which a `capacity`
 # run, meant to answer as fast as a shell command, never uses.
-COMMANDS = {"serve": "exporter.serve", "demo": "exporter.demo", "capacity": "exporter.capacity_cli"}
+COMMANDS = {
+    "serve": "exporter.serve",
+    "demo": "exporter.demo",
+    "capacity": "exporter.capacity_cli",
+    "nvml-check": "exporter.nvml_check",
+}
 
 
 def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, list[Flags]]:

@@ -6,7 +6,8 @@
 
 One row per value the schema describes as a leaf (an object without `properties` is a
 Kubernetes pass-through or a label map, and each alert of prometheusRule.alerts is one
-row; a key the schema allows but values.yaml does not set has none): its path, its default from values.yaml, and the comment written above it there.
+row; a key the schema allows but values.yaml does not set has none): its path, its default
+from values.yaml, and the comment written above it there.
 tests/deploy/test_chart_readme.py checks that the README holds exactly this table.
 """
 

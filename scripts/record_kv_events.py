@@ -52,7 +52,7 @@ def main() -> None:
     model = models["data"][0]["id"]
     version = json.load(urllib.request.urlopen(f"{args.url}/version", timeout=10))["version"]
     sources = json.load(urllib.request.urlopen(f"{args.url}/kv_event_sources", timeout=10))
-    socket = zmq.Context.instance().socket(zmq.SUB)
+    socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
     socket.connect(args.endpoint)
     time.sleep(1.0)  # ZMQ's slow joiner: let the subscription reach the publisher

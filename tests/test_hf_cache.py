@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from exporter.errors import ConfigError
 from exporter.hf_cache import hub_cache_dir
 from exporter.model_config import resolve_model
 from tests.conftest import GOLDEN
+from tests.support import cli_command
 
 LLAMA_CONFIG = (GOLDEN / "handshake" / "configs" / "llama-3.1-8b" / "config.json").read_bytes()
 REPO = "meta-llama/Llama-3.1-8B-Instruct"
@@ -90,7 +90,7 @@ def test_a_commit_revision_and_a_lone_snapshot(hub: Path, tmp_path: Path) -> Non
 
 def capacity(hub_env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "exporter.cli", "capacity", "--json", *args],
+        cli_command("capacity", "--json", *args),
         capture_output=True,
         text=True,
         check=False,
@@ -98,6 +98,7 @@ def capacity(hub_env: dict[str, str], *args: str) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("variable", ["HF_HOME", "HF_HUB_CACHE"])
 def test_capacity_takes_a_hugging_face_id(hub: Path, variable: str) -> None:
     where = str(hub.parent) if variable == "HF_HOME" else str(hub)
@@ -113,10 +114,11 @@ def test_capacity_takes_a_hugging_face_id(hub: Path, variable: str) -> None:
     assert json.loads(dev.stdout)["result"]["max_model_len"] == 8192
 
 
+@pytest.mark.process
 def test_a_model_not_in_the_cache_is_one_line_saying_where_it_looked(hub: Path) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "exporter.cli", "capacity", "google/gemma-3-27b-it",
-         "--kv-cache-memory-bytes", "20GiB"],
+        cli_command("capacity", "google/gemma-3-27b-it",
+            "--kv-cache-memory-bytes", "20GiB"),
         capture_output=True, text=True, check=False,
         env={**os.environ, "HF_HUB_CACHE": str(hub)},
     )  # fmt: skip

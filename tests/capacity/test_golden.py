@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections import Counter
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 
 from exporter.capacity import run_case
 from tests.conftest import GOLDEN_CASES, load_golden_cases
+from tests.support import cli_command
 
 CASES = load_golden_cases()
 GROUP_KEY = ("spec_type", "num_layers", "block_size", "page_size_bytes")
@@ -54,10 +54,11 @@ def test_golden_case(case: dict[str, Any]) -> None:
     assert_matches(case, run_case(record))
 
 
+@pytest.mark.process
 def test_batch_command_reproduces_the_whole_file() -> None:
     """The CLI batch mode: one line per record, in input order, all matching."""
     completed = subprocess.run(
-        [sys.executable, "-m", "exporter.cli", "capacity", "--cases", str(GOLDEN_CASES)],
+        cli_command("capacity", "--cases", str(GOLDEN_CASES)),
         capture_output=True,
         text=True,
         check=True,

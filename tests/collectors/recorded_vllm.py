@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.support.http_server import http_serving
 
 
 @dataclass
@@ -73,12 +74,5 @@ class _Handler(BaseHTTPRequestHandler):
 @contextmanager
 def serve(playback: Playback) -> Iterator[str]:
     handler = type("Handler", (_Handler,), {"playback": playback})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_serving(handler) as url:
+        yield url

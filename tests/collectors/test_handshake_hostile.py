@@ -11,7 +11,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -34,8 +33,9 @@ from exporter.handshake_wire import (
     ready_v2_message,
 )
 from exporter.state import StateStore
-from tests.handshake_data import HANDSHAKE
+from tests.support import cli_command
 from tests.tools import missing
+from tools.handshake_data import HANDSHAKE
 
 NOBODY = 65534
 TOKEN = "a-process-secret-of-32-chars-xyz"
@@ -114,11 +114,17 @@ def listener(tmp_path: Path) -> Iterator[Listener]:
         yield started
 
 
-def test_a_folder_of_another_user_is_refused_in_one_line(shared_tmp: Path) -> None:
+def in_sticky_folder(shared_tmp: Path) -> Path:
+    """A world-writable folder with the sticky bit, as /tmp is, for another user's folder."""
     shared = shared_tmp / "shared"
     shared.mkdir(mode=0o1777)
     shared.chmod(0o1777)
-    folder = shared / "kvcap"
+    return shared
+
+
+@pytest.mark.process
+def test_a_folder_of_another_user_is_refused_in_one_line(shared_tmp: Path) -> None:
+    folder = in_sticky_folder(shared_tmp) / "kvcap"
     made = as_nobody("/bin/mkdir", "-m", "0700", str(folder))
     assert made.returncode == 0, made.stderr
     assert folder.stat().st_uid == NOBODY
@@ -129,16 +135,14 @@ def test_a_folder_of_another_user_is_refused_in_one_line(shared_tmp: Path) -> No
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.process
 def test_the_daemon_refuses_a_folder_of_another_user_in_one_line(shared_tmp: Path) -> None:
-    shared = shared_tmp / "shared"
-    shared.mkdir(mode=0o1777)
-    shared.chmod(0o1777)
-    folder = shared / "kvcap"
+    folder = in_sticky_folder(shared_tmp) / "kvcap"
     assert as_nobody("/bin/mkdir", "-m", "0777", str(folder)).returncode == 0
     run = subprocess.run(
-        [sys.executable, "-m", "exporter.cli", "serve", "--web.listen-address=127.0.0.1:0",
-         "--no-collector.nvml", "--no-collector.vllm_http",
-         f"--handshake.listen=ipc://{folder}/handshake.sock"],
+        cli_command("serve", "--web.listen-address=127.0.0.1:0",
+            "--no-collector.nvml", "--no-collector.vllm_http",
+            f"--handshake.listen=ipc://{folder}/handshake.sock"),
         capture_output=True, text=True, timeout=30, check=False,
     )  # fmt: skip
     assert run.returncode == 1
@@ -159,6 +163,7 @@ def test_a_folder_others_can_write_is_refused(tmp_path: Path) -> None:
     collector.stop(1.0)
 
 
+@pytest.mark.process
 def test_the_socket_is_0600_whatever_the_umask_and_nobody_cannot_connect(shared_tmp: Path) -> None:
     folder = shared_tmp / "kvcap"
     folder.mkdir(mode=0o755)  # ours, not writable by others: accepted, and nobody may enter

@@ -35,7 +35,7 @@ from exporter.state import Snapshot, StateStore
 from tests.collectors.recorded_vllm import Playback, serve
 from tests.collectors.test_handshake import Listener
 from tests.collectors.test_vllm_http import LLAMA, exposition_of, load
-from tests.handshake_data import ready_for_rank
+from tools.handshake_data import ready_for_rank
 
 EXTRAS = ReadyExtras(model_name="llama")
 

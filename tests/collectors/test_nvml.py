@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,8 @@ import structlog
 from exporter.collectors import COLLECTORS, NvmlCollector, NvmlPoller, NvmlSession, NvmlSettings
 from exporter.flags import Flags
 from exporter.state import Snapshot, StateStore
-from tests.nvml.fake import (
+from tests.support import wait_for
+from tools.nvml.fake import (
     DRIVER_NOT_LOADED,
     GIB,
     GPU_IS_LOST,
@@ -187,6 +187,7 @@ def test_no_library_is_no_data(tmp_path: Path) -> None:
     assert store.snapshot().gpus == ()
 
 
+@pytest.mark.process
 def test_the_loaders_own_search() -> None:
     """The default: nvidia-ml-py's own search for libnvidia-ml.so.1, in a fresh process
     where no test has handed the binding a library. Without a driver the collector reports
@@ -227,27 +228,22 @@ def test_mig_on_one_gpu(harness: Harness) -> None:
     assert gpu_uuid(6) not in {gpu.uuid for gpu in gpus}
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
-
-
 def test_the_source_thread_follows_the_config_while_it_runs(fake_nvml: FakeNvml) -> None:
     fake_nvml.write(eight_h200s())
     store = StateStore()
     source = NvmlCollector(NvmlSettings(poll_interval_s=0.01, library_path=str(fake_nvml.library)))
     source.start(store)
     try:
-        wait_for(lambda: len(store.snapshot().gpus) == 8)
+        wait_for(lambda: len(store.snapshot().gpus) == 8, 5.0, "8 GPUs")
         fake_nvml.write(eight_h200s().with_gpu(0, used=7 * GIB))
-        wait_for(lambda: store.snapshot().gpus[0].memory_used_bytes == 7 * GIB)
+        wait_for(
+            lambda: store.snapshot().gpus[0].memory_used_bytes == 7 * GIB, 5.0, "GPU 0 at 7 GiB"
+        )
         fake_nvml.write(eight_h200s().with_gpu(3, error=GPU_IS_LOST))
-        wait_for(lambda: len(store.snapshot().gpus) == 7)
+        wait_for(lambda: len(store.snapshot().gpus) == 7, 5.0, "7 GPUs")
         assert store.snapshot().errors[("nvml", "gpu_lost")] >= 1
         fake_nvml.write(eight_h200s())
-        wait_for(lambda: len(store.snapshot().gpus) == 8)
+        wait_for(lambda: len(store.snapshot().gpus) == 8, 5.0, "8 GPUs")
     finally:
         began = time.monotonic()
         source.stop(2.0)

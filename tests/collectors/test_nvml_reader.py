@@ -9,7 +9,7 @@ import pytest
 
 from exporter.collectors import NvmlSession, parse_visible_devices
 from exporter.state import GpuProcessMemory, GpuReport
-from tests.nvml.fake import (
+from tools.nvml.fake import (
     FUNCTION_NOT_FOUND,
     GIB,
     GPU_IS_LOST,

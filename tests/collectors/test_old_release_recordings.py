@@ -14,7 +14,6 @@ import json
 import re
 import shlex
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from exporter.exposition import ExpositionCache
 from exporter.state import EngineView, StateStore
 from tests.collectors.recorded_vllm import Playback, serve
 from tests.conftest import GOLDEN
+from tests.support import cli_command
 
 RELEASE = "0.18.1"
 RECORDINGS = sorted((GOLDEN / "expositions" / "releases" / RELEASE).glob("*.json"))
@@ -67,10 +67,7 @@ def cli(path: Path, fixture: dict[str, Any], memory: int) -> dict[str, Any]:
     words = shlex.split(fixture["vllm_args"])
     words[0] = str((path.parent / fixture["model_config_dir"]).resolve())
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "exporter.cli",
+        cli_command(
             "capacity",
             "--vllm-version",
             fixture["version"]["version"],
@@ -83,7 +80,7 @@ def cli(path: Path, fixture: dict[str, Any], memory: int) -> dict[str, Any]:
             *words,
             "--kv-cache-memory-bytes",
             str(memory),
-        ],
+        ),
         capture_output=True,
         text=True,
         check=False,
@@ -118,6 +115,7 @@ def test_the_recordings_are_0_18_1_engines_of_both_kinds() -> None:
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda path: path.stem)
 def test_the_cli_and_the_sidecar_give_0_18_1s_own_numbers(path: Path) -> None:
     fixture = load(path)

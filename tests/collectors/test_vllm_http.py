@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -31,6 +30,7 @@ from exporter.errors import ConfigError
 from exporter.state import KvUsage, StateStore
 from tests.collectors.recorded_vllm import Playback, serve
 from tests.conftest import GOLDEN
+from tests.support import cli_command
 
 EXPOSITIONS = GOLDEN / "expositions"
 FIXTURES = sorted(p for p in [*EXPOSITIONS.glob("*.json"), *EXPOSITIONS.glob("releases/*/*.json")])
@@ -441,6 +441,7 @@ def test_a_poller_discovers_the_server_its_url_names(
     assert found == {"http://127.0.0.1:8001": "/models/b", "http://localhost:8000/": "/models/a"}
 
 
+@pytest.mark.process
 def test_the_cli_and_the_sidecar_plan_an_old_release_alike() -> None:
     """`capacity --vllm-version 0.23.0` gives what the sidecar derives for a 0.23.0 engine:
     the group-aware capacity, and that release's two log lines."""
@@ -456,10 +457,7 @@ def test_the_cli_and_the_sidecar_plan_an_old_release_alike() -> None:
     view = store.snapshot().engines[0]
     engine = fixture["engines"][0]
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "exporter.cli",
+        cli_command(
             "capacity",
             "--vllm-version",
             "0.23.0",
@@ -474,7 +472,7 @@ def test_the_cli_and_the_sidecar_plan_an_old_release_alike() -> None:
             str(engine["max_model_len"]),
             "--num-gpu-blocks",
             str(engine["num_gpu_blocks"]),
-        ],
+        ),
         capture_output=True,
         text=True,
         check=False,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,7 @@ import yaml
 
 from exporter.demo import DEMO_SERVED_NAME, demo_running
 from tests.deploy.conftest import DEPLOY, K8sTools, Manifest, by_kind, manifest_errors, one
-from tests.integration.prometheus import Prometheus
-from tests.tools import require_tool
+from tests.integration.prometheus import Prometheus, promtool_eval
 
 EXAMPLES = DEPLOY / "examples" / "autoscaling"
 ADAPTER_VALUES = EXAMPLES / "prometheus-adapter-values.yaml"
@@ -203,22 +201,7 @@ def test_replicas_needed_with_promtool(k8s_tools: K8sTools, tmp_path: Path) -> N
     cases.append(
         {"expr": tight, "eval_time": "5m", "exp_samples": [{"labels": "{}", "value": 150000}]}
     )
-    (tmp_path / "empty-rules.yaml").write_text("groups: []\n", encoding="utf-8")
-    tests = {
-        "rule_files": ["empty-rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": cases}],
-    }
-    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests), encoding="utf-8")
-    result = subprocess.run(
-        [require_tool("promtool"), "test", "rules", "tests.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    promtool_eval(tmp_path, series, cases)
 
 
 class DemoPrometheus(Prometheus):

@@ -11,7 +11,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import zmq
 
 from exporter import __version__
 from tests.deploy.conftest import CHART, DEPLOY, ROOT, run
+from tests.support import free_port
 from tests.tools import require_tool
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -383,13 +383,6 @@ def test_the_copy_in_the_chart_matches_the_image() -> None:
 
 
 # --- the daemon, run the way the pod runs it ------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def get(url: str) -> tuple[int, str]:

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -27,6 +26,7 @@ import yaml
 from exporter.demo import DEMO_SERVED_NAME, demo_running
 from exporter.state import GpuProcessMemory, GpuReport
 from tests.integration.prometheus import Prometheus
+from tests.support.http_server import http_serving
 from tests.tools import missing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -437,14 +437,8 @@ def serving(path: Path) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_serving(Handler) as url:
+        yield url
 
 
 def grafana_regex_escape(value: str) -> str:

@@ -4,24 +4,19 @@ HTTPS server with basic auth)."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import re
 import shlex
 from pathlib import Path
-from typing import Any
 
 import bcrypt
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from exporter.web import Request, Response, WebServer
 from tests.deploy.conftest import CHART, K8sTools, Manifest, by_kind, container, env_of, one, run
+from tests.support.certificates import certificate, new_key, write_certificate, write_key
 from tests.tools import require_tool
 
 CI_VALUES = CHART / "ci"
@@ -199,44 +194,14 @@ def test_notes_warn_when_monitors_lack_the_release_label(k8s_tools: K8sTools) ->
 
 def _certificate_for(name: str, folder: Path) -> tuple[Path, Path, Path]:
     """A CA and a server certificate for DNS name `name`, as cert-manager would issue."""
-    now = datetime.datetime.now(datetime.UTC)
-
-    def build(
-        subject: str, key: ec.EllipticCurvePrivateKey, issuer: Any, signer: Any, ca: bool
-    ) -> x509.Certificate:
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if not ca:
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False
-            )
-        return builder.sign(signer, hashes.SHA256())
-
-    ca_key, server_key = (
-        ec.generate_private_key(ec.SECP256R1()),
-        ec.generate_private_key(ec.SECP256R1()),
+    ca_key, server_key = new_key(), new_key()
+    ca = certificate("test CA", ca_key)
+    server = certificate(name, server_key, (ca, ca_key), server=True, dns_names=[name])
+    return (
+        write_certificate(folder / "ca.crt", ca),
+        write_certificate(folder / "tls.crt", server),
+        write_key(folder / "tls.key", server_key),
     )
-    ca = build("test CA", ca_key, "test CA", ca_key, True)
-    server = build(name, server_key, "test CA", ca_key, False)
-    paths = folder / "ca.crt", folder / "tls.crt", folder / "tls.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        server_key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return paths
 
 
 def _engines(request: Request) -> Response:

@@ -4,13 +4,9 @@ dcgm-exporter) or count per replica, evaluated by promtool on series shaped like
 from __future__ import annotations
 
 import re
-import subprocess
-from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
-
-from tests.tools import require_tool
+from tests.integration.prometheus import promtool_eval
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS_DOC = ROOT / "docs" / "metrics.md"
@@ -23,25 +19,6 @@ def recipes_after(heading: str) -> list[str]:
     block = re.search(r"```promql\n(.*?)```", text[start:], re.DOTALL)
     assert block, heading
     return [q.strip() for q in block[1].split("\n\n") if q.strip()]
-
-
-def promtool_eval(tmp_path: Path, series: list[dict[str, str]], cases: Sequence[object]) -> None:
-    (tmp_path / "empty-rules.yaml").write_text("groups: []\n", encoding="utf-8")
-    tests = {
-        "rule_files": ["empty-rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": cases}],
-    }
-    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests), encoding="utf-8")
-    result = subprocess.run(
-        [require_tool("promtool"), "test", "rules", "tests.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 ENGINE = 'namespace="llm",pod="vllm-0",engine="0",model_name="m",worker="{w}"'

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -59,6 +60,7 @@ def test_engine_values_are_per_engine_and_sum_in_promql_terms() -> None:
     }
 
 
+@pytest.mark.deploy
 def test_promtool_check_metrics_is_clean(tmp_path: Path) -> None:
     promtool = require_tool("promtool")
     body = text_body(rich_store())

@@ -9,13 +9,14 @@ import resource
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+
+from tests.support import cli_command
 
 # What the issue holds every attack to, on the chart's 128 MiB sidecar limit.
 MAX_RSS_MIB = 96.0
@@ -78,17 +79,14 @@ def daemon(
     *flags: str, nofile: int | None = None, env: dict[str, str] | None = None
 ) -> Iterator[Daemon]:
     """`serve` on 127.0.0.1:0 with no collectors but those `flags` turn on."""
-    argv = [
-        sys.executable,
-        "-m",
-        "exporter.cli",
+    argv = cli_command(
         "serve",
         "--web.listen-address=127.0.0.1:0",
         "--no-collector.nvml",
         "--no-collector.vllm_http",
         "--no-collector.handshake",
         *flags,
-    ]
+    )
 
     def limit() -> None:
         if nofile is not None:

@@ -21,7 +21,8 @@ import pytest
 from exporter.collectors import HandshakeCollector, HandshakeSettings
 from exporter.handshake_wire import ENDPOINT_ENV, HEARTBEAT_INTERVAL_ENV
 from exporter.state import StateStore
-from tests.faults.harness import SLACK_S, wait_for
+from tests.faults.harness import SLACK_S
+from tests.support import wait_for
 
 HEARTBEAT_S = 0.05
 STALE_AFTER_S = 0.5

@@ -22,12 +22,12 @@ from tests.conftest import GOLDEN
 from tests.faults.harness import (
     POLL_INTERVAL_S,
     SLACK_S,
-    Scrape,
     running_exporter,
     scrape_until,
 )
-from tests.handshake_data import recorded_extras
-from tests.nvml.fake import GPU_IS_LOST, FakeNvml, eight_h200s
+from tests.support import Scrape
+from tools.handshake_data import recorded_extras
+from tools.nvml.fake import GPU_IS_LOST, FakeNvml, eight_h200s
 
 pytest_plugins = ["tests.nvml.fixtures"]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -24,7 +23,8 @@ from exporter.handshake_wire import bye_message, ready_message
 from exporter.state import Snapshot, StateStore
 from exporter.vllm_plugin import ProcessState
 from tests.conftest import GOLDEN
-from tests.faults.harness import SLACK_S, wait_for
+from tests.faults.harness import SLACK_S
+from tests.support import cli_command, wait_timed
 
 READY = GOLDEN / "handshake" / "llama-3.1-8b-dp2-tp1.engine0.msgpack"
 # The handshake carries no polling: a ready message is in the state within milliseconds
@@ -61,7 +61,7 @@ class Sidecar:
     def wait_for(
         self, expected: dict[str, tuple[str | None, int | None]], timeout_s: float
     ) -> float:
-        _, elapsed = wait_for(
+        _, elapsed = wait_timed(
             lambda: engines(self.store.snapshot()) == expected, timeout_s, f"engines {expected}"
         )
         return elapsed
@@ -191,7 +191,7 @@ def test_a_read_only_socket_directory_is_a_config_error(read_only_directory: Pat
 def serve(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
-            *(sys.executable, "-m", "exporter.cli", "serve"),
+            *cli_command("serve"),
             *("--web.listen-address", "127.0.0.1:0", "--no-collector.nvml", *args),
         ],
         capture_output=True,
@@ -201,6 +201,7 @@ def serve(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.process
 def test_serve_with_a_read_only_socket_directory_exits_with_one_line(
     read_only_directory: Path,
 ) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 
@@ -12,13 +11,7 @@ import zmq
 from exporter.handshake_wire import READY_V2_TOPIC, ReadyExtras, ready_v2_message
 from tests.collectors.test_handshake_hostile import ready_bytes
 from tests.faults.hostile import MAX_RSS_MIB, SCRAPE_WITHIN_S, THREAD_SLACK, daemon, scrape
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+from tests.support import free_port
 
 
 def huge_frames(push: zmq.Socket[bytes]) -> None:

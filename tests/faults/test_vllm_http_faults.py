@@ -29,13 +29,11 @@ from tests.collectors.recorded_vllm import Playback, serve
 from tests.faults.harness import (
     POLL_INTERVAL_S,
     SLACK_S,
-    Scrape,
     engines_document,
     running_exporter,
-    scrape,
     scrape_until,
-    wait_for,
 )
+from tests.support import Scrape, scrape, wait_for
 
 STALE_AFTER_S = 3 * POLL_INTERVAL_S
 ONE_POLL_S = POLL_INTERVAL_S + SLACK_S
@@ -161,7 +159,7 @@ def test_a_restarted_vllm_is_fresh_within_one_poll_interval(deployment: Deployme
     with capture_logs() as logs:
         down = kill_until_failures(deployment, failures=3)
         deployment.restart()
-        metrics, _ = wait_for(
+        metrics = wait_for(
             lambda: recovered(deployment, capacity), ONE_POLL_S, "fresh after the restart"
         )
     # Errors are counters: the restart does not reset them.

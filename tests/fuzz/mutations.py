@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 from collections.abc import Iterator
 from typing import Any
 
 from hypothesis import strategies as st
+
+from exporter.handshake_wire import BYE_TOPIC, READY_TOPIC, encode, ready_message
+from tools.handshake_data import ready_for_rank
 
 # Numbers that break arithmetic: zero, signs, the edges of machine integers, values far
 # past anything real, and the floats JSON parsers accept (Python's reads NaN and Infinity).
@@ -167,3 +171,44 @@ def mutated_bytes(draw: st.DrawFn, data: bytes, *, max_mutations: int = 8) -> by
             end = draw(st.integers(min_value=index, max_value=min(len(buffer), index + 32)))
             buffer[index:index] = buffer[index:end]
     return bytes(buffer)
+
+
+def handshake_frames(seed: int, count: int) -> Iterator[list[bytes]]:
+    """Random and mutated frames: wrong counts, truncated and bit-flipped msgpack, wrong
+    types, msgpack headers that claim huge lengths, and now and then a valid message."""
+    rng = random.Random(seed)
+    valid = ready_for_rank(0)
+    huge = [
+        b"\xdb\xff\xff\xff\xf0",
+        b"\xdd\xff\xff\xff\xff",
+        b"\xdf\x7f\xff\xff\xff",
+        b"\xc6\xff\xff\xff\xff",
+    ]
+    wrong_types = [
+        encode({"max_model_len": [], "num_gpu_blocks": 1, "data_parallel_rank": 0}),
+        encode([1, 2, 3]),
+        encode("ready"),
+        encode({"engine_index": "zero"}),
+    ]
+    for _ in range(count):
+        kind = rng.randrange(8)
+        if kind == 0:
+            frames = [rng.randbytes(rng.randrange(0, 64)) for _ in range(rng.randrange(1, 5))]
+        elif kind == 1:
+            frames = [READY_TOPIC, valid[: rng.randrange(len(valid))]]
+        elif kind == 2:
+            flipped = bytearray(valid)
+            for _ in range(rng.randrange(1, 8)):
+                flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
+            frames = [READY_TOPIC, bytes(flipped)]
+        elif kind == 3:
+            frames = [rng.choice([READY_TOPIC, BYE_TOPIC]), rng.choice(huge)]
+        elif kind == 4:
+            frames = [rng.choice([READY_TOPIC, BYE_TOPIC]), rng.choice(wrong_types)]
+        elif kind == 5:
+            frames = [READY_TOPIC] * rng.randrange(4, 7)
+        elif kind == 6:
+            frames = [READY_TOPIC, valid, rng.randbytes(rng.randrange(1, 32))]
+        else:
+            frames = ready_message(ready_for_rank(rng.randrange(4), str(rng.randrange(3))))
+        yield frames

@@ -413,6 +413,7 @@ def test_non_finite_max_position_embeddings_is_refused(value: float) -> None:
     refused_cleanly(LLAMA, max_position_embeddings=value)
 
 
+@pytest.mark.process
 def test_a_million_layers_is_refused_quickly() -> None:
     # Layers are built one Python object each: without a bound 10**6 layers took ~11 s and
     # 0.5 GB, 10**12 a MemoryError.

@@ -7,7 +7,6 @@ and real web configs (TLS with every field, bcrypt users) mutated and dumped bac
 
 from __future__ import annotations
 
-import datetime
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,16 +15,13 @@ from typing import Any
 import bcrypt
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter.errors import ConfigError
 from exporter.web import BCRYPT_HASH, WebConfig, parse_web_config
 from tests.fuzz.mutations import garbage, mutated
+from tests.support.certificates import certificate, new_key, write_certificate, write_key
 from tests.web.conftest import served_config
 
 HASH = bcrypt.hashpw(b"wonderland", bcrypt.gensalt(rounds=4)).decode()
@@ -196,30 +192,11 @@ def test_the_valid_config_parses() -> None:
 
 
 def _write_tls_files(folder: Path) -> None:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kvcap fuzz")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    pem = certificate.public_bytes(serialization.Encoding.PEM)
-    (folder / "server.pem").write_bytes(pem)
-    (folder / "ca.pem").write_bytes(pem)
-    (folder / "server-key.pem").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    key = new_key()
+    ca = certificate("kvcap fuzz", key)
+    write_certificate(folder / "server.pem", ca)
+    write_certificate(folder / "ca.pem", ca)
+    write_key(folder / "server-key.pem", key)
 
 
 @pytest.fixture(scope="module")

@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from tests.support import free_port
 from tests.tools import require_tool
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Prometheus:
@@ -118,3 +114,23 @@ class Prometheus:
                 return
             time.sleep(0.2)
         raise AssertionError(f"timed out waiting for {what}")
+
+
+def promtool_eval(tmp_path: Path, series: list[dict[str, str]], cases: Sequence[object]) -> None:
+    """`promtool test rules` of PromQL `cases` over `series`, in `tmp_path`; fails on a miss."""
+    (tmp_path / "empty-rules.yaml").write_text("groups: []\n", encoding="utf-8")
+    tests = {
+        "rule_files": ["empty-rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": cases}],
+    }
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests), encoding="utf-8")
+    result = subprocess.run(
+        [require_tool("promtool"), "test", "rules", "tests.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

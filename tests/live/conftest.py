@@ -7,19 +7,17 @@ starts each server once; the engine-death tests start their own.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.live.models import write_model
-from tests.live.server import VllmServer
-from tests.live.sidecar import Sidecar, wait_for
-from tests.live.vllm_install import vllm_python
+from tools.live.models import write_model
+from tools.live.server import VllmServer, plugin_site
+from tools.live.sidecar import Sidecar, wait_for
+from tools.live.vllm_install import vllm_python
 
-PROJECT = Path(__file__).resolve().parents[2]
 POLL_INTERVAL_S = 0.5
 
 
@@ -43,32 +41,6 @@ DEPLOYMENTS = [
     ("0.27.0", "llama", 1),
     ("0.27.0", "gemma3", 2),
 ]
-
-
-def plugin_site(python: Path, workdir: Path) -> Path:
-    """kvcap installed for vLLM as users install it without rebuilding the image.
-
-    `pip install --no-deps --target` writes the package and its `.dist-info`, whose entry
-    point (`vllm.general_plugins`) vLLM's plugin loader finds on `PYTHONPATH`.
-    """
-    site = workdir / "kvcap-site"
-    subprocess.run(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--target",
-            str(site),
-            str(PROJECT),
-        ],
-        check=True,
-        capture_output=True,
-        cwd=workdir,
-    )
-    return site
 
 
 def start_deployment(

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 
-from tests.faults.harness import parse
 from tests.live.conftest import Deployment
-from tests.live.server import LoggedCapacity
-from tests.live.sidecar import Sidecar
+from tests.support import parse
+from tools.live.server import LoggedCapacity
+from tools.live.sidecar import Sidecar
 
 _GROUP_SIZES = re.compile(r"kv cache group sizes \(([\d, ]+)\)")
 

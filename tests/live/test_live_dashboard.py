@@ -16,7 +16,7 @@ import pytest
 from tests.deploy.test_dashboard import Query, grafana_regex_escape, queries, substitute
 from tests.integration.prometheus import Prometheus
 from tests.live.conftest import start_deployment, wait_for_engines
-from tests.live.models import VOCAB_SIZE
+from tools.live.models import VOCAB_SIZE
 
 NO_CPU_SERIES = {
     "kvcap_gpu_memory_used_bytes",

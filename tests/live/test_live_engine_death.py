@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 from tests.live.conftest import start_deployment
-from tests.live.server import VllmServer
-from tests.live.sidecar import Sidecar, wait_for
-from tests.live.vllm_install import LIVE_RELEASES
+from tools.live.server import VllmServer
+from tools.live.sidecar import Sidecar, wait_for
+from tools.live.vllm_install import LIVE_RELEASES
 
 HEARTBEAT_S = 0.5
 POLL_S = 0.5

@@ -1,7 +1,7 @@
 """Live engines of every release x every tiny family: kvcap derives exactly what each one logged.
 
 One real vLLM CPU server (DP=1) per (release, family), with a `vllm_http` kvcap sidecar
-reading `--model.config` beside it (`tests.live.matrix.observe`, the same observation
+reading `--model.config` beside it (`tools.live.matrix.observe`, the same observation
 `make live-matrix` prints). The ground truth is the engine's own start-up line(s) and its
 `vllm:cache_config_info` labels. A family a release refuses on this CPU must keep being
 refused with the same error, so a release that learns it shows up here.
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.live.matrix import Row, dump_row, observe
-from tests.live.models import TINY_MODELS
-from tests.live.vllm_install import LIVE_RELEASES
+from tools.live.matrix import Row, dump_row, observe
+from tools.live.models import TINY_MODELS
+from tools.live.vllm_install import LIVE_RELEASES
 
 # (release, family) -> vLLM's error line on this CPU.
 REFUSED: dict[tuple[str, str], re.Pattern[str]] = {
@@ -44,7 +44,7 @@ STARTING = [
 def row(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Row:
     release, model = request.param
     observed = observe(release, model, tmp_path_factory.mktemp(f"family-{release}-{model}"))
-    if os.environ.get("KVCAP_LIVE_ROWS"):  # the rows for `python -m tests.live.matrix --from-json`
+    if os.environ.get("KVCAP_LIVE_ROWS"):  # the rows for `python -m tools.live.matrix --from-json`
         dump_row(observed, Path(os.environ["KVCAP_LIVE_ROWS"]))
     return observed
 

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import Scrape
 from tests.kv_events_data import distinct_full_blocks
-from tests.live.models import VOCAB_SIZE, write_model
-from tests.live.server import VllmServer
-from tests.live.sidecar import Sidecar, wait_for
-from tests.live.vllm_install import vllm_python
+from tests.support import Scrape
+from tools.live.models import VOCAB_SIZE, write_model
+from tools.live.server import VllmServer
+from tools.live.sidecar import Sidecar, wait_for
+from tools.live.vllm_install import vllm_python
 
 RELEASE = "0.32.0"
 BLOCK_SIZE = 32

@@ -26,11 +26,11 @@ from tests.deploy.test_container import (
     run_stage,
 )
 from tests.live.conftest import wait_for_engines
-from tests.live.models import write_model
-from tests.live.server import VllmServer
-from tests.live.sidecar import Sidecar
-from tests.live.vllm_install import vllm_python
 from tests.tools import require_file
+from tools.live.models import write_model
+from tools.live.server import VllmServer
+from tools.live.sidecar import Sidecar
+from tools.live.vllm_install import vllm_python
 
 RELEASE = "0.32.0"
 # What the image's paths are under the test's folders.

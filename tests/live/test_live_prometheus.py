@@ -9,8 +9,8 @@ from typing import Any
 
 from tests.integration.prometheus import Prometheus
 from tests.live.conftest import Deployment
-from tests.live.models import VOCAB_SIZE
-from tests.live.sidecar import wait_for
+from tools.live.models import VOCAB_SIZE
+from tools.live.sidecar import wait_for
 
 # docs/metrics.md's used-tokens recipe, joined as a pod's two targets are.
 USED_TOKENS = """

@@ -10,9 +10,9 @@ import pynvml  # type: ignore[import-untyped]
 import pytest
 
 from exporter.collectors import load_library
-from tests.nvml.build import build_fake_nvml
-from tests.nvml.fake import FakeNvml, FakeNvmlConfig
 from tests.tools import require_tool
+from tools.nvml.build import build_fake_nvml
+from tools.nvml.fake import FakeNvml, FakeNvmlConfig
 
 
 @pytest.fixture(scope="session")

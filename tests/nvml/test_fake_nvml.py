@@ -13,7 +13,7 @@ import pynvml  # type: ignore[import-untyped]
 import pytest
 
 from exporter.collectors import NvmlSession
-from tests.nvml.fake import (
+from tools.nvml.fake import (
     DRIVER_NOT_LOADED,
     FUNCTION_NOT_FOUND,
     GIB,
@@ -154,6 +154,7 @@ def test_mig_devices(nvml: FakeNvml) -> None:
     assert pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByIndex(0)) == [0, 0]
 
 
+@pytest.mark.process
 def test_the_binding_finds_the_library_on_ld_library_path(fake_nvml: FakeNvml) -> None:
     """Its other use: a subprocess whose pynvml opens libnvidia-ml.so.1 by name."""
     fake_nvml.write(eight_h200s())

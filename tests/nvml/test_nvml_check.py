@@ -1,5 +1,6 @@
-"""scripts/nvml-check.py runs standalone, finding the test library the way it would find
-the driver's (LD_LIBRARY_PATH), beside a stand-in nvidia-smi that prints the same GPUs."""
+"""`kvcap-exporter nvml-check` (and scripts/nvml-check.py, which runs it from a checkout)
+finds the test library the way it would find the driver's (LD_LIBRARY_PATH), beside a
+stand-in nvidia-smi that prints the same GPUs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.nvml.fake import FakeNvml, FakeNvmlConfig, eight_h200s
+from tests.support import cli_command
+from tools.nvml.fake import FakeNvml, FakeNvmlConfig, eight_h200s
 
 pytest_plugins = ["tests.nvml.fixtures"]
 
@@ -26,7 +28,9 @@ def smi_rows(config: FakeNvmlConfig) -> str:
     )
 
 
-def run_check(fake: FakeNvml, tmp_path: Path, smi_output: str | None) -> tuple[int, str]:
+def run_check(
+    fake: FakeNvml, tmp_path: Path, smi_output: str | None, *, script: bool = False
+) -> tuple[int, str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     if smi_output is not None:
@@ -37,7 +41,9 @@ def run_check(fake: FakeNvml, tmp_path: Path, smi_output: str | None) -> tuple[i
     env = {**os.environ, **fake.environment(), "PATH": f"{bin_dir}:/usr/bin:/bin"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), "--rounds", "3"],
+        [sys.executable, str(SCRIPT), "--rounds", "3"]
+        if script
+        else cli_command("nvml-check", "--rounds", "3"),
         env=env,
         capture_output=True,
         text=True,
@@ -48,10 +54,11 @@ def run_check(fake: FakeNvml, tmp_path: Path, smi_output: str | None) -> tuple[i
     return run.returncode, run.stdout + run.stderr
 
 
-def test_matching_figures(fake_nvml: FakeNvml, tmp_path: Path) -> None:
+@pytest.mark.parametrize("script", [False, True], ids=["command", "script"])
+def test_matching_figures(fake_nvml: FakeNvml, tmp_path: Path, script: bool) -> None:
     config = eight_h200s()
     fake_nvml.write(config)
-    status, output = run_check(fake_nvml, tmp_path, smi_rows(config))
+    status, output = run_check(fake_nvml, tmp_path, smi_rows(config), script=script)
     assert status == 0, output
     assert "all figures agree" in output
     assert output.count("DIFFERENT") == 0
@@ -77,3 +84,17 @@ def test_without_nvidia_smi_or_nvml(fake_nvml: FakeNvml, tmp_path: Path, smi: st
     assert status == 2, output
     if smi is not None:
         assert "NVML is not available: Driver Not Loaded" in output
+
+
+@pytest.mark.parametrize("rounds", ["0", "100001", "many"])
+def test_rounds_out_of_bounds_is_a_usage_error_in_one_line(rounds: str) -> None:
+    run = subprocess.run(
+        cli_command("nvml-check", "--rounds", rounds),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("\n") == 1
+    assert "--rounds" in run.stderr

@@ -30,6 +30,7 @@ from exporter.handshake_wire import (
     decode_ready,
 )
 from exporter.state import Snapshot, StateStore
+from tests import support
 from tests.plugin import standins
 from tests.plugin.conftest import Sidecar
 from tests.plugin.test_vllm_plugin import LLAMA, installed, plugin_warnings
@@ -151,6 +152,7 @@ def beat_as_a_forked_engine(core: Any) -> None:
     os._exit(0 if sent_for == {1} else 3)
 
 
+@pytest.mark.process
 def test_a_forked_engine_beats_only_for_itself(
     monkeypatch: pytest.MonkeyPatch, sidecar: Sidecar
 ) -> None:
@@ -177,12 +179,11 @@ def test_a_forked_engine_beats_only_for_itself(
 
 
 def wait_for(store: StateStore, predicate: Callable[[Snapshot], bool]) -> Snapshot:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if predicate(snapshot := store.snapshot()):
-            return snapshot
-        time.sleep(0.005)
-    raise AssertionError(f"never reached: {store.snapshot().engines}")
+    def reached() -> Snapshot | None:
+        snapshot = store.snapshot()
+        return snapshot if predicate(snapshot) else None
+
+    return support.wait_for(reached, 10, "the state", lambda: str(store.snapshot().engines))
 
 
 def test_a_restarted_sidecar_learns_the_engines_from_the_next_heartbeat(

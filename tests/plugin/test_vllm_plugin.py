@@ -66,6 +66,7 @@ def test_register_without_the_endpoint_patches_nothing(monkeypatch: pytest.Monke
     assert "shutdown" not in vars(core.EngineCoreProc)
 
 
+@pytest.mark.process
 def test_importing_the_plugin_loads_neither_vllm_nor_zmq() -> None:
     env = {k: v for k, v in os.environ.items() if k != ENDPOINT_ENV}
     code = (
@@ -179,6 +180,7 @@ def run_an_engine(core: Any, engine_index: int) -> None:
     engine.shutdown()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("parent_socket_open", [False, True])
 def test_an_engine_process_forked_after_register_is_hooked(
     monkeypatch: pytest.MonkeyPatch, sidecar: Sidecar, parent_socket_open: bool

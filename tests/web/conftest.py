@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import datetime
 import http.client
-import ipaddress
 import ssl
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -13,16 +11,14 @@ from urllib.parse import urlsplit
 
 import bcrypt
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from exporter.web import Handler, Request, Response, WebConfig, WebConfigWatcher, WebServer
+from tests.support.certificates import certificate, new_key, write_certificate, write_key
 
-# Cost 4, bcrypt's lowest: each check takes about a millisecond.
+# Cost 4, bcrypt's lowest: each check takes about a millisecond. A fixed salt keeps the test
+# ids that show the hash the same in every process (pytest-xdist compares them).
 ALICE_PASSWORD = "wonderland"
-ALICE_HASH = bcrypt.hashpw(ALICE_PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+ALICE_HASH = bcrypt.hashpw(ALICE_PASSWORD.encode(), b"$2b$04$" + b"kvcapkvcapkvcapkvcapku").decode()
 
 
 @dataclass(frozen=True)
@@ -59,87 +55,13 @@ class Reply:
     body: bytes
 
 
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey, password: bytes | None = None) -> None:
-    encryption: serialization.KeySerializationEncryption = (
-        serialization.NoEncryption()
-        if password is None
-        else serialization.BestAvailableEncryption(password)
-    )
-    path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
-    )
-
-
-def _certificate(
-    name: str,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
-    *,
-    server: bool = False,
-) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.UTC)
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject if issuer is None else issuer[0].subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
-    )
-    if issuer is None:
-        builder = builder.add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        ).add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
-    else:
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        builder = builder.add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer[1].public_key()), False
-        )
-    if server:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-    elif issuer is not None:  # a client: one DNS name, for client_allowed_sans
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(f"{name}.kvcap.test")]), critical=False
-        )
-    signer = key if issuer is None else issuer[1]
-    return builder.sign(signer, hashes.SHA256())
-
-
-def _write_certificate(path: Path, certificate: x509.Certificate) -> None:
-    path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-
-
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     folder = tmp_path_factory.mktemp("certs")
-    ca_key, other_ca_key = _key(), _key()
-    ca = _certificate("kvcap test CA", ca_key, None)
-    other_ca = _certificate("other test CA", other_ca_key, None)
-    server_key, client_key, other_client_key = _key(), _key(), _key()
+    ca_key, other_ca_key = new_key(), new_key()
+    ca = certificate("kvcap test CA", ca_key, None)
+    other_ca = certificate("other test CA", other_ca_key, None)
+    server_key, client_key, other_client_key = new_key(), new_key(), new_key()
     certs = Certs(
         folder=folder,
         ca=folder / "ca.pem",
@@ -152,20 +74,20 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
         other_client_key=folder / "other-client-key.pem",
         encrypted_key=folder / "encrypted-key.pem",
     )
-    _write_certificate(certs.ca, ca)
-    _write_certificate(certs.other_ca, other_ca)
-    _write_certificate(
-        certs.server_cert, _certificate("kvcap", server_key, (ca, ca_key), server=True)
+    write_certificate(certs.ca, ca)
+    write_certificate(certs.other_ca, other_ca)
+    write_certificate(
+        certs.server_cert, certificate("kvcap", server_key, (ca, ca_key), server=True)
     )
-    _write_certificate(certs.client_cert, _certificate("prometheus", client_key, (ca, ca_key)))
-    _write_certificate(
+    write_certificate(certs.client_cert, certificate("prometheus", client_key, (ca, ca_key)))
+    write_certificate(
         certs.other_client_cert,
-        _certificate("intruder", other_client_key, (other_ca, other_ca_key)),
+        certificate("intruder", other_client_key, (other_ca, other_ca_key)),
     )
-    _write_key(certs.server_key, server_key)
-    _write_key(certs.client_key, client_key)
-    _write_key(certs.other_client_key, other_client_key)
-    _write_key(certs.encrypted_key, server_key, password=b"secret")
+    write_key(certs.server_key, server_key)
+    write_key(certs.client_key, client_key)
+    write_key(certs.other_client_key, other_client_key)
+    write_key(certs.encrypted_key, server_key, password=b"secret")
     return certs
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import ssl
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from exporter.errors import ConfigError
 from exporter.web import GO_CIPHER_SUITES, TlsConfig, WebConfig, build_ssl_context, parse_web_config
+from tests.support import cli_command
 from tests.web.conftest import ALICE_HASH, Certs, get, served_config, tls_config
 
 CERT = "  cert_file: {server_cert}\n  key_file: {server_key}\n"
@@ -326,13 +326,14 @@ def test_every_documented_cipher_and_curve_name_is_accepted(tmp_path: Path, cert
     assert preferred.maximum_version == ssl.TLSVersion.TLSv1_3
 
 
+@pytest.mark.process
 def test_serve_runs_with_the_documented_sample_unchanged(tmp_path: Path, certs: Certs) -> None:
     """A real `kvcap-exporter serve` with exporter-toolkit's sample web config: HTTPS, basic
     auth asked for, its excluded paths not."""
     config = documented("exporter-toolkit-web-config.yml", tmp_path, certs)
     process = subprocess.Popen(
-        [sys.executable, "-m", "exporter.cli", "serve", "--web.listen-address", "127.0.0.1:0",
-         "--web.config.file", str(config), "--no-collector.handshake", "--no-collector.nvml"],
+        cli_command("serve", "--web.listen-address", "127.0.0.1:0",
+            "--web.config.file", str(config), "--no-collector.handshake", "--no-collector.nvml"),
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

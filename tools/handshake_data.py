@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 
 from exporter.handshake_wire import GroupExtra, ReadyExtras
-from tests.conftest import GOLDEN
+from tools import GOLDEN
 
 HANDSHAKE = GOLDEN / "handshake"
 

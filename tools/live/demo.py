@@ -15,11 +15,10 @@ import tempfile
 import threading
 from pathlib import Path
 
-from tests.live.conftest import plugin_site
-from tests.live.models import write_model
-from tests.live.server import VllmServer
-from tests.live.sidecar import Sidecar, wait_for
-from tests.live.vllm_install import LIVE_RELEASES, vllm_python
+from tools.live.models import write_model
+from tools.live.server import VllmServer, plugin_site
+from tools.live.sidecar import Sidecar, wait_for
+from tools.live.vllm_install import LIVE_RELEASES, vllm_python
 
 
 def main() -> None:

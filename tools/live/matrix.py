@@ -7,8 +7,8 @@ and derived figures, and whether kvcap's derivation is exact (derived == logged,
 0). A family a release refuses on this CPU gets a row with vLLM's error line. One server
 at a time; each takes both cores for 30-90 s, so the whole matrix takes tens of minutes.
 
-    python -m tests.live.matrix [--markdown] [--release 0.32.0] [--family gemma3] [--json F]
-    python -m tests.live.matrix --markdown --from-json F   # the table of rows written before
+    python -m tools.live.matrix [--markdown] [--release 0.32.0] [--family gemma3] [--json F]
+    python -m tools.live.matrix --markdown --from-json F   # the table of rows written before
 
 `KVCAP_LIVE_ROWS=F pytest tests/live/test_live_families.py` writes the live test's rows
 (the same observation) to F too, so one live run gives both the verdicts and the table.
@@ -26,11 +26,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.faults.harness import parse
-from tests.live.models import TINY_MODELS, write_model
-from tests.live.server import VllmServer, error_line
-from tests.live.sidecar import Sidecar, wait_for
-from tests.live.vllm_install import LIVE_RELEASES, vllm_python
+from tools.live.models import TINY_MODELS, write_model
+from tools.live.server import VllmServer, error_line
+from tools.live.sidecar import Sidecar, wait_for
+from tools.live.vllm_install import LIVE_RELEASES, vllm_python
+from tools.probe import parse
 
 POLL_INTERVAL_S = 0.5
 

@@ -21,8 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.integration.prometheus import free_port
-from tests.live.process import LoggedProcess
+from tools.live.process import LoggedProcess
+from tools.probe import free_port
+
+PROJECT = Path(__file__).resolve().parents[2]
 
 # Start-up on 2 busy cores: imports, the dummy weights, the KV cache, the API server.
 START_TIMEOUT_S = float(os.environ.get("KVCAP_LIVE_START_TIMEOUT", "420"))
@@ -197,6 +199,32 @@ class VllmServer(LoggedProcess):
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:
             text: str = response.read().decode()
             return text
+
+
+def plugin_site(python: Path, workdir: Path) -> Path:
+    """kvcap installed for vLLM as users install it without rebuilding the image.
+
+    `pip install --no-deps --target` writes the package and its `.dist-info`, whose entry
+    point (`vllm.general_plugins`) vLLM's plugin loader finds on `PYTHONPATH`.
+    """
+    site = workdir / "kvcap-site"
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(PROJECT),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=workdir,
+    )
+    return site
 
 
 def parse_capacity_log(text: str) -> list[LoggedCapacity]:

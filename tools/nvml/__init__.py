@@ -1,0 +1,1 @@
+"""A stand-in NVML library (C, built on demand) and the GPUs it reports."""
