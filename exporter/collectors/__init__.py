@@ -13,20 +13,23 @@ from exporter.collectors.handshake import (
     engine_report,
 )
 from exporter.collectors.http_fetch import FetchError, fetch
-from exporter.collectors.kv_events import KvEventsCollector, KvEventsSettings, residency_views
+from exporter.collectors.kv_events import KvEventsCollector
 from exporter.collectors.kv_events_endpoints import (
     connectable,
     endpoints_from_sources,
     parse_endpoint_flag,
 )
 from exporter.collectors.kv_events_sequence import Step, classify, missing_from
+from exporter.collectors.kv_events_subscription import KvEventsSettings
 from exporter.collectors.nvml import NvmlCollector, NvmlPoller, NvmlSettings
 from exporter.collectors.nvml_reader import NvmlSession, load_library, parse_visible_devices
 from exporter.collectors.registry import (
     COLLECTORS,
     Collector,
     CollectorSpec,
+    EngineFollower,
     collector_priority,
+    follow_engines,
     register_collector,
 )
 from exporter.collectors.settings_check import (
@@ -56,6 +59,7 @@ __all__ = [
     "Collector",
     "CollectorSpec",
     "Deriver",
+    "EngineFollower",
     "FetchError",
     "HandshakeCollector",
     "HandshakeReceiver",
@@ -83,12 +87,12 @@ __all__ = [
     "engine_report",
     "expected_engines",
     "fetch",
+    "follow_engines",
     "load_library",
     "missing_from",
     "parse_endpoint_flag",
     "parse_visible_devices",
     "read_server",
     "register_collector",
-    "residency_views",
     "server_mismatches",
 ]

@@ -1,7 +1,7 @@
 """From snapshot to scrape: the metric tables, the incremental renderer and the HTTP routes."""
 
 from exporter.exposition.app import build_routes
-from exporter.exposition.prefix_cache import PrefixCacheCollector, prefix_cache_families
+from exporter.exposition.columns import Column, Table
 from exporter.exposition.process import ProcessText
 from exporter.exposition.render import (
     Body,
@@ -10,7 +10,7 @@ from exporter.exposition.render import (
     TextSource,
     VersionedCollector,
 )
-from exporter.exposition.tables import LAYOUT, Column, EngineRow, Placed, Table, engine_rows
+from exporter.exposition.tables import LAYOUT, EngineRow, Placed, engine_rows
 from exporter.exposition.text import families_text, sample_value
 
 __all__ = [
@@ -20,7 +20,6 @@ __all__ = [
     "EngineRow",
     "ExpositionCache",
     "Placed",
-    "PrefixCacheCollector",
     "ProcessText",
     "Renderer",
     "Table",
@@ -29,6 +28,5 @@ __all__ = [
     "build_routes",
     "engine_rows",
     "families_text",
-    "prefix_cache_families",
     "sample_value",
 ]

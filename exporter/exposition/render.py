@@ -29,8 +29,9 @@ import structlog
 from prometheus_client.core import Metric
 
 from exporter.exposition import tables
+from exporter.exposition.columns import Column, Table
 from exporter.exposition.process import ProcessText
-from exporter.exposition.tables import Column, EngineRow, Table, engine_rows
+from exporter.exposition.tables import EngineRow, engine_rows
 from exporter.exposition.text import (
     families_text,
     header,
@@ -72,22 +73,30 @@ class _Family:
     order: tuple[int, ...]
     sample_name: str
     headers: tuple[bytes, bytes]  # (0.0.4 text, OpenMetrics)
+    # A histogram's `le` values (+Inf last) and its bucket samples' label order.
+    les: tuple[str, ...] = ()
+    bucket_order: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, table: Table[Any], column: Column[Any]) -> _Family:
         texts = tuple(
             header(column.name, column.help, column.kind, openmetrics=om) for om in (False, True)
         )
+        labels = (*table.labels, *column.extra_labels)
         return cls(
             column,
             table,
-            (*table.labels, *column.extra_labels),
-            label_order((*table.labels, *column.extra_labels)),
+            labels,
+            label_order(labels),
             sample_name(column.name, column.kind),
             (texts[0], texts[1]),
+            (*map(repr, column.bounds), "+Inf"),
+            label_order((*labels, "le")),
         )
 
     def line(self, row: object) -> str:
+        if self.column.observations is not None:
+            return self.histogram_lines(row)
         value = self.column.value(row)
         if value is None:
             return ""
@@ -99,6 +108,23 @@ class _Family:
 
     def lines(self, rows: Iterable[object]) -> bytes:
         return "".join(self.line(row) for row in rows).encode()
+
+    def histogram_lines(self, row: object) -> str:
+        """`_bucket` lines (cumulative, as prometheus_client's HistogramMetricFamily writes
+        them), then `_count` and `_sum`."""
+        assert self.column.observations is not None
+        counts, total_s = self.column.observations(row)
+        values = (*self.table.ids(row), *self.column.extra(row))
+        bucket, labels = self.sample_name + "_bucket", (*self.labels, "le")
+        lines, running = [], 0
+        for le, count in zip(self.les, counts, strict=True):
+            running += count
+            prefix = sample_prefix(bucket, labels, (*values, le), self.bucket_order)
+            lines.append(f"{prefix}{sample_value(float(running))}\n")
+        for suffix, value in (("_count", float(running)), ("_sum", total_s)):
+            prefix = sample_prefix(self.sample_name + suffix, self.labels, values, self.order)
+            lines.append(f"{prefix}{sample_value(value)}\n")
+        return "".join(lines)
 
 
 _FAMILIES = [_Family.of(placed.table, placed.column) for placed in tables.LAYOUT]
@@ -190,6 +216,8 @@ class Renderer:
 
     def __init__(self) -> None:
         self._kept = _Kept()
+        # Per residency family: engine -> (its record, its samples).
+        self._records: dict[int, dict[str, tuple[object, bytes]]] = {}
 
     def render(self, snapshot: Snapshot) -> tuple[_Block, _Block]:
         """The kept block (often the last one, unchanged) and the live block."""
@@ -204,10 +232,27 @@ class Renderer:
             if index in _LIVE_PER_ENGINE:
                 position = _LIVE_PER_ENGINE.index(index)
                 live.append(_live_engine_lines(position, index, rows, engines))
+            elif tables.LAYOUT[index].per_residency is not None:
+                live.append(self._residency_lines(index, snapshot))
             else:
                 family, placed = _FAMILIES[index], tables.LAYOUT[index]
                 live.append(family.lines(placed.rows(snapshot, rows)))
         return self._kept.block, _Block([_FAMILIES[i] for i in _LIVE], live, _LIVE_LEVEL)
+
+    def _residency_lines(self, index: int, snapshot: Snapshot) -> bytes:
+        """One family's samples of every residency record, each record's bytes kept while
+        the collector has not replaced the record (an idle engine costs a lookup)."""
+        rows_of = tables.LAYOUT[index].per_residency
+        assert rows_of is not None
+        kept = self._records.get(index, {})
+        found: dict[str, tuple[object, bytes]] = {}
+        for record in snapshot.residency:
+            last = kept.get(record.engine)
+            if last is None or last[0] is not record:
+                last = (record, _FAMILIES[index].lines(rows_of(record)))
+            found[record.engine] = last
+        self._records[index] = found
+        return b"".join(samples for _, samples in found.values())
 
     def _kept_samples(
         self, snapshot: Snapshot, rows: Sequence[EngineRow], engines: list[_EngineBytes]

@@ -12,6 +12,7 @@ from exporter.state.records import (
     KvEventsEndpoint,
     KvUsage,
     OffloadTier,
+    ResidencyView,
     SettingsMismatch,
 )
 
@@ -106,6 +107,10 @@ class Snapshot:
     # Which GPU each engine worker uses, and the tokens its free memory would add.
     engine_gpus: tuple[EngineGpu, ...] = ()
     headroom_tokens: Mapping[str, int] = field(default_factory=dict)
+    # Each engine's prefix-cache residency (kv_events), in engine order.
+    residency: tuple[ResidencyView, ...] = ()
+    # Restarts of each engine the state noticed (a new instance): the one count of them.
+    restarts: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:

@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from exporter.capacity import EngineCapacity
-from exporter.collectors import KvEventsCollector, KvEventsSettings
+from exporter.collectors import KvEventsCollector, KvEventsSettings, follow_engines
 from exporter.kv_events_wire import decode_batch
-from exporter.prefix_cache import EngineResidency, ResidencyView
-from exporter.state import EngineReport, KvEventsEndpoint, StateStore
+from exporter.prefix_cache import EngineResidency
+from exporter.state import EngineReport, KvEventsEndpoint, ResidencyView, StateStore
 from tests.kv_events_data import EVICTIONS, SHARED_PREFIX, frames
 from tests.kv_events_publisher import StandInPublisher
 
@@ -44,17 +44,24 @@ def running(
     source = KvEventsCollector(
         KvEventsSettings(endpoints=(endpoint,), discovery_interval_s=0.05, **settings)  # type: ignore[arg-type]
     )
-    source.start(store)
+    started(source, store)
     return source, store
 
 
-def view(source: KvEventsCollector, engine: str = "0") -> ResidencyView | None:
-    return next((v for v in source.views() if v.engine == engine), None)
+def started(source: KvEventsCollector, store: StateStore) -> None:
+    """Wired to the store as the daemon wires it."""
+    follow_engines(store, [source])
+    source.start(store)
 
 
-def received(source: KvEventsCollector, count: int) -> Callable[[], bool]:
+def view(store: StateStore, engine: str = "0") -> ResidencyView | None:
+    """The residency the collector last published into the state."""
+    return next((v for v in store.snapshot().residency if v.engine == engine), None)
+
+
+def received(store: StateStore, count: int) -> Callable[[], bool]:
     def check() -> bool:
-        found = view(source)
+        found = view(store)
         return found is not None and found.events_received_total >= count
 
     return check
@@ -84,8 +91,8 @@ def test_an_in_order_stream_is_applied_exactly(publisher: StandInPublisher) -> N
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM):
             publisher.publish(sequence, payload)
-        wait_for(received(source, events_in(STREAM)), "every event")
-        found = view(source)
+        wait_for(received(store, events_in(STREAM)), "every event")
+        found = view(store)
         assert found is not None
         assert totals(found) == reference(STREAM)
         assert not found.approximate
@@ -97,13 +104,13 @@ def test_an_in_order_stream_is_applied_exactly(publisher: StandInPublisher) -> N
 
 
 def test_a_gap_is_filled_from_the_replay_endpoint(publisher: StandInPublisher) -> None:
-    source, _ = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
+    source, store = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM):
             publisher.publish(sequence, payload, send=sequence not in (20, 21, 22))
-        wait_for(received(source, events_in(STREAM)), "every event, replayed ones too")
-        found = view(source)
+        wait_for(received(store, events_in(STREAM)), "every event, replayed ones too")
+        found = view(store)
         assert found is not None
         assert publisher.replays == [20]
         assert found.gaps_total == 1
@@ -117,14 +124,14 @@ def test_a_gap_is_filled_from_the_replay_endpoint(publisher: StandInPublisher) -
 def test_a_gap_without_replay_is_counted_and_marked_approximate(
     publisher: StandInPublisher,
 ) -> None:
-    source, _ = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    source, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
     try:
         publisher.wait_for_subscriber()
         sent = [p for s, p in enumerate(STREAM) if s not in (20, 21, 22)]
         for sequence, payload in enumerate(STREAM):
             publisher.publish(sequence, payload, send=sequence not in (20, 21, 22))
-        wait_for(received(source, events_in(sent)), "the events sent")
-        found = view(source)
+        wait_for(received(store, events_in(sent)), "the events sent")
+        found = view(store)
         assert found is not None
         assert found.gaps_total == 1
         assert found.dropped_total["missed"] == 3
@@ -139,13 +146,13 @@ def test_a_sidecar_joining_mid_stream_replays_from_the_start(
 ) -> None:
     for sequence, payload in enumerate(STREAM[:12]):
         publisher.publish(sequence, payload, send=False)  # sent before kvcap started
-    source, _ = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
+    source, store = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM[12:], start=12):
             publisher.publish(sequence, payload)
-        wait_for(received(source, events_in(STREAM)), "every event")
-        found = view(source)
+        wait_for(received(store, events_in(STREAM)), "every event")
+        found = view(store)
         assert found is not None
         assert publisher.replays == [0]
         assert totals(found) == reference(STREAM)
@@ -155,13 +162,13 @@ def test_a_sidecar_joining_mid_stream_replays_from_the_start(
 
 
 def test_joining_mid_stream_without_replay_is_approximate(publisher: StandInPublisher) -> None:
-    source, _ = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    source, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM[12:], start=12):
             publisher.publish(sequence, payload)
-        wait_for(received(source, events_in(STREAM[12:])), "the events sent")
-        found = view(source)
+        wait_for(received(store, events_in(STREAM[12:])), "the events sent")
+        found = view(store)
         assert found is not None
         assert found.approximate_reason == "joined the stream after its start"
         assert found.dropped_total["missed"] == 12
@@ -170,15 +177,15 @@ def test_joining_mid_stream_without_replay_is_approximate(publisher: StandInPubl
 
 
 def test_a_new_publisher_starts_the_residency_from_zero(publisher: StandInPublisher) -> None:
-    source, _ = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    source, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM[:12]):
             publisher.publish(sequence, payload)
-        wait_for(received(source, events_in(STREAM[:12])), "the first run's events")
+        wait_for(received(store, events_in(STREAM[:12])), "the first run's events")
         publisher.publish(0, STREAM[0])  # the engine restarted: its sequence starts again
-        wait_for(received(source, events_in(STREAM[:12]) + events_in(STREAM[:1])), "restart")
-        found = view(source)
+        wait_for(received(store, events_in(STREAM[:12]) + events_in(STREAM[:1])), "restart")
+        found = view(store)
         assert found is not None
         assert found.cleared_total == 1
         assert totals(found)[0] == reference(STREAM[:1])[0] == 4
@@ -197,8 +204,8 @@ def test_malformed_messages_are_counted_and_the_stream_goes_on(
         publisher.pub.send_multipart([b"", b"\x00" * 8, b"\xc1 not msgpack"])
         publisher.pub.send_multipart([b"one frame"])
         publisher.publish(1, STREAM[1])
-        wait_for(received(source, events_in(STREAM[:2])), "the good events")
-        found = view(source)
+        wait_for(received(store, events_in(STREAM[:2])), "the good events")
+        found = view(store)
         assert found is not None
         assert found.dropped_total["malformed_batch"] == 2
         assert found.approximate
@@ -225,16 +232,16 @@ def test_endpoints_pool_size_and_restarts_come_from_the_engine_state(
 
     store.publish("handshake", "ipc://h", [report("a")])
     source = KvEventsCollector(KvEventsSettings(discovery_interval_s=0.05))
-    source.start(store)
+    started(source, store)
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM[:12]):
             publisher.publish(sequence, payload)
-        wait_for(received(source, events_in(STREAM[:12])), "the events")
-        wait_for(lambda: view(source).pool_blocks == 40, "the pool size")  # type: ignore[union-attr]
+        wait_for(received(store, events_in(STREAM[:12])), "the events")
+        wait_for(lambda: view(store).pool_blocks == 40, "the pool size")  # type: ignore[union-attr]
         store.publish("handshake", "ipc://h", [report("b")])
-        wait_for(lambda: view(source).cleared_total == 1, "the restart")  # type: ignore[union-attr]
-        found = view(source)
+        wait_for(lambda: view(store).cleared_total == 1, "the restart")  # type: ignore[union-attr]
+        found = view(store)
         assert found is not None
         assert totals(found)[0] == 0
     finally:
@@ -254,16 +261,17 @@ def test_an_engine_publishing_on_a_new_endpoint_starts_from_zero(
             discovery_interval_s=0.05,
         )
     )
-    source.start(StateStore())
+    store = StateStore()
+    started(source, store)
     try:
         publisher.wait_for_subscriber()
         moved.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM[:12]):
             publisher.publish(sequence, payload)
-        wait_for(received(source, events_in(STREAM[:12])), "the first publisher's events")
+        wait_for(received(store, events_in(STREAM[:12])), "the first publisher's events")
         moved.publish(0, STREAM[0])  # vLLM restarted with another port
-        wait_for(received(source, events_in(STREAM[:13])), "the new publisher's batch")
-        found = view(source)
+        wait_for(received(store, events_in(STREAM[:13])), "the new publisher's batch")
+        found = view(store)
         assert found is not None
         assert found.cleared_total == 1
         assert totals(found)[0] == 4

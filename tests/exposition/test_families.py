@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.exposition import ExpositionCache, PrefixCacheCollector
+from exporter.exposition import ExpositionCache
 from exporter.state import OffloadTier, StateStore
 from exporter.web import WebCounters
 from tests.prefix_cache.helpers import recorded_views
@@ -35,13 +35,12 @@ def rich_store() -> StateStore:
     store.publish("handshake", "ipc://x", reports("qwen3-next-80b-a3b-dp2-tp2")[:1])
     store.fail("nvml", "local", "driver_not_loaded", "no driver")
     store.publish_gpus("nvml", "node", [gpu(i) for i in range(2)])
+    store.publish_residency("kv_events", recorded_views())
     return store
 
 
 def text_body(store: StateStore) -> str:
-    cache = ExpositionCache(
-        store.snapshot, per_scrape=[WebCounters(), PrefixCacheCollector(recorded_views)]
-    )
+    cache = ExpositionCache(store.snapshot, per_scrape=[WebCounters()])
     return cache.body().content.decode()
 
 
@@ -71,9 +70,7 @@ def test_promtool_check_metrics_is_clean(tmp_path: Path) -> None:
 
 
 def test_openmetrics_and_gzip_variants_carry_the_same_samples() -> None:
-    cache = ExpositionCache(
-        rich_store().snapshot, per_scrape=[PrefixCacheCollector(recorded_views)]
-    )
+    cache = ExpositionCache(rich_store().snapshot)
     text = cache.body().content.decode()
     om = cache.body(accept="application/openmetrics-text; version=1.0.0").content.decode()
     zipped = cache.body(accept_encoding="gzip, deflate")

@@ -21,7 +21,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client import exposition as text_format
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.openmetrics import exposition as openmetrics_format
 from structlog.testing import capture_logs
 
@@ -30,18 +35,18 @@ from exporter.exposition import (
     LAYOUT,
     Column,
     ExpositionCache,
-    PrefixCacheCollector,
     ProcessText,
     Renderer,
     engine_rows,
-    prefix_cache_families,
 )
-from exporter.prefix_cache import LIFETIME_BUCKETS_S, PoolView, ResidencyView
+from exporter.prefix_cache import LIFETIME_BUCKETS_S
 from exporter.state import (
     EngineReport,
     GpuProcessMemory,
     GpuReport,
     KvUsage,
+    PoolView,
+    ResidencyView,
     Snapshot,
     StateStore,
 )
@@ -52,13 +57,21 @@ from tests.state.helpers import reports as gemma_reports
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 
-def _family(
-    column: Column[Any], labels: tuple[str, ...]
-) -> GaugeMetricFamily | CounterMetricFamily:
+def _family(column: Column[Any], labels: tuple[str, ...]) -> Metric:
     names = [*labels, *column.extra_labels]
     if column.kind == "counter":
         return CounterMetricFamily(column.name, column.help, labels=names)
+    if column.kind == "histogram":
+        return HistogramMetricFamily(column.name, column.help, labels=names)
     return GaugeMetricFamily(column.name, column.help, labels=names)
+
+
+def _buckets(column: Column[Any], counts: Any) -> list[tuple[str, float]]:
+    buckets, running = [], 0
+    for bound, count in zip((*column.bounds, float("inf")), counts, strict=True):
+        running += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(bound), float(running)))
+    return buckets
 
 
 def reference_families(snapshot: Snapshot) -> Iterator[Metric]:
@@ -68,9 +81,14 @@ def reference_families(snapshot: Snapshot) -> Iterator[Metric]:
         table, column = placed.table, placed.column
         family = _family(column, table.labels)
         for row in placed.rows(snapshot, engines):
+            labels = [*table.ids(row), *column.extra(row)]
+            if column.observations is not None:
+                counts, total = column.observations(row)
+                family.add_metric(labels, _buckets(column, counts), total)  # type: ignore[attr-defined]
+                continue
             value = column.value(row)
             if value is not None:
-                family.add_metric([*table.ids(row), *column.extra(row)], value)
+                family.add_metric(labels, value)  # type: ignore[attr-defined]
         yield family
 
 
@@ -164,6 +182,33 @@ gpus = st.builds(
         st.builds(GpuProcessMemory, st.integers(1, 2**22), st.integers(0, 2**40)), max_size=2
     ).map(tuple),
 )
+BUCKETS = len(LIFETIME_BUCKETS_S) + 1  # and +Inf
+pools = st.builds(
+    PoolView,
+    group=st.integers(0, 7),
+    medium=st.sampled_from(["GPU", "CPU", 'od"d', "ü\n"]),
+    resident_blocks=st.integers(0, 2**40),
+    block_size=st.none() | st.integers(1, 4096),
+    kind=st.none() | label_text,
+    stored_total=st.integers(0, 2**62),
+    removed_total=st.integers(0, 2**62),
+    lifetime_counts=st.lists(st.integers(0, 2**40), min_size=BUCKETS, max_size=BUCKETS).map(tuple),
+    lifetime_sum_s=st.floats(allow_nan=True),
+)
+residency_views = st.builds(
+    ResidencyView,
+    engine=label_text,
+    pools=st.lists(pools, max_size=3).map(tuple),
+    pool_blocks=st.none() | st.integers(0, 2**40),
+    approximate=st.booleans(),
+    approximate_reason=st.none() | label_text,
+    cleared_total=st.integers(0, 2**40),
+    events_received_total=st.integers(0, 2**62),
+    dropped_total=st.dictionaries(label_text, st.integers(0, 2**40), max_size=3),
+    gaps_total=st.integers(0, 2**40),
+    up=st.booleans(),
+)
+residencies = st.lists(residency_views, max_size=3)
 collector = st.sampled_from(["handshake", "vllm_http", "nvml"])
 target = st.sampled_from(["ipc://x", "http://a", "local"])
 changes = st.one_of(
@@ -173,6 +218,7 @@ changes = st.one_of(
     st.tuples(st.just("fail"), collector, target, label_text),
     st.tuples(st.just("reject"), collector, target, label_text),
     st.tuples(st.just("gpus"), collector, target, st.lists(gpus, max_size=3)),
+    st.tuples(st.just("residency"), st.just("kv_events"), st.just(""), residencies),
 )
 
 
@@ -188,6 +234,8 @@ def apply(store: StateStore, change: tuple[Any, ...]) -> None:
         store.fail(name, where, "timeout", what, stale=bool(len(what) % 2))
     elif kind == "reject":
         store.reject(name, where, "malformed_frame", what)
+    elif kind == "residency":
+        store.publish_residency(name, what)
     else:
         store.publish_gpus(name, where, what)
 
@@ -235,32 +283,6 @@ def test_process_metrics_follow_the_cached_part_in_both_formats() -> None:
 
 # --- the per-scrape families ----------------------------------------------------------
 
-BUCKETS = len(LIFETIME_BUCKETS_S) + 1  # and +Inf
-pools = st.builds(
-    PoolView,
-    group=st.integers(0, 7),
-    medium=st.sampled_from(["GPU", "CPU", 'od"d', "ü\n"]),
-    resident_blocks=st.integers(0, 2**40),
-    block_size=st.none() | st.integers(1, 4096),
-    kind=st.none() | label_text,
-    stored_total=st.integers(0, 2**62),
-    removed_total=st.integers(0, 2**62),
-    lifetime_counts=st.lists(st.integers(0, 2**40), min_size=BUCKETS, max_size=BUCKETS).map(tuple),
-    lifetime_sum_s=st.floats(allow_nan=True),
-)
-residency_views = st.builds(
-    ResidencyView,
-    engine=label_text,
-    pools=st.lists(pools, max_size=3).map(tuple),
-    pool_blocks=st.none() | st.integers(0, 2**40),
-    approximate=st.booleans(),
-    approximate_reason=st.none() | label_text,
-    cleared_total=st.integers(0, 2**40),
-    events_received_total=st.integers(0, 2**62),
-    dropped_total=st.dictionaries(label_text, st.integers(0, 2**40), max_size=3),
-    gaps_total=st.integers(0, 2**40),
-    up=st.booleans(),
-)
 web_events = st.lists(
     st.one_of(
         st.tuples(st.just("reject"), st.sampled_from(REJECT_REASONS)),
@@ -287,18 +309,8 @@ def fake_proc(folder: Path, stat: list[int], max_fds: int, fds: int) -> ProcessC
     return ProcessCollector(pid=lambda: 42, proc=str(folder), registry=None)
 
 
-class _Residency:
-    """The reference: the residency families of whatever views are current."""
-
-    def __init__(self, views: list[ResidencyView]) -> None:
-        self.views = views
-
-    def collect(self) -> Iterator[Metric]:
-        return prefix_cache_families(self.views)
-
-
 @given(
-    scrapes=st.lists(st.lists(residency_views, max_size=3), min_size=1, max_size=3),
+    scrapes=st.integers(1, 3),
     events=web_events,
     stat=st.lists(st.integers(0, 2**50), min_size=22, max_size=22),
     max_fds=st.integers(1, 2**20),
@@ -306,7 +318,7 @@ class _Residency:
 )
 def test_the_per_scrape_families_render_as_prometheus_client_renders_them(
     tmp_path_factory: pytest.TempPathFactory,
-    scrapes: list[list[ResidencyView]],
+    scrapes: int,
     events: list[tuple[str, Any]],
     stat: list[int],
     max_fds: int,
@@ -315,19 +327,13 @@ def test_the_per_scrape_families_render_as_prometheus_client_renders_them(
     counters = WebCounters()
     proc = tmp_path_factory.mktemp("proc")
     process = fake_proc(proc, stat, max_fds, fds)
-    residency = _Residency([])
     store = StateStore()
-    cache = ExpositionCache(
-        store.snapshot,
-        process_metrics=False,
-        per_scrape=[counters, PrefixCacheCollector(lambda: residency.views), process],
-    )
+    cache = ExpositionCache(store.snapshot, process_metrics=False, per_scrape=[counters, process])
     registry = CollectorRegistry(auto_describe=False)
-    for collector in (_Families(store.snapshot()), counters, residency, process):
+    for collector in (_Families(store.snapshot()), counters, process):
         registry.register(collector)
-    # Each scrape sees other views (some engines kept, some changed) and more counts.
-    for number, views in enumerate(scrapes):
-        residency.views = views
+    # Each scrape sees more counts.
+    for number in range(scrapes):
         for kind, what in events[number::2]:
             if kind == "reject":
                 counters.reject(what)
