@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any
 
 from exporter import __version__
@@ -31,6 +32,12 @@ ENGINE_LABELS = ("engine", "model_name")
 CAPACITY_MODEL = "vllm-0.33"
 
 
+# The view's fields only live columns read (used tokens, staleness, last update): they
+# change with every poll, and the kept bytes must not depend on them.
+LIVE_VIEW_FIELDS = ("usage", "stale", "updated_at_s")
+_STATIC_FIELDS = attrgetter(*(f.name for f in fields(EngineView) if f.name not in LIVE_VIEW_FIELDS))
+
+
 @dataclass(frozen=True, slots=True)
 class EngineRow:
     """One engine with what the snapshot knows about it beyond its view."""
@@ -41,23 +48,10 @@ class EngineRow:
 
     @property
     def static_key(self) -> tuple[object, ...]:
-        """What every non-live engine family reads: equal keys render equal bytes."""
-        v = self.view
-        return (
-            v.engine,
-            v.model_name,
-            v.instance_id,
-            v.vllm_version,
-            v.collectors,
-            v.capacity_source,
-            v.derived_kv_cache_size_tokens,
-            v.derivation_error,
-            v.capacity_mismatch,
-            v.capacity,
-            self.gpus,
-            v.settings_warnings,
-            v.offload,
-        )
+        """What every non-live engine family reads: equal keys render equal bytes. Every
+        field of the view but those only live columns read, so a new field is in the key
+        (and its families re-rendered when it changes) without a word here."""
+        return (_STATIC_FIELDS(self.view), self.gpus)
 
 
 @dataclass(frozen=True, slots=True)
