@@ -66,8 +66,8 @@ def scout_capacity() -> EngineCapacity:
         EngineSettings(tensor_parallel_size=8, max_model_len=131072),
         available_kv_bytes_per_worker=40 * 2**30,
     )
-    assert len(derived.groups) == 4
-    assert len(derived.bytes_per_block_per_worker) == 8
+    assert len(derived.capacity.groups) == 4
+    assert len(derived.capacity.bytes_per_block_per_worker) == 8
     return derived.capacity
 
 
