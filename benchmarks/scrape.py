@@ -35,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.common import Row, median, p99, print_rows
 from exporter.capacity import EngineCapacity, EngineSettings, derive_capacity
 from exporter.collectors import collector_priority
-from exporter.exposition import ExpositionCache
+from exporter.exposition import build_exposition
 from exporter.logs import configure_logging
 from exporter.serve import Exporter
 from exporter.state import EngineReport, KvUsage, StateStore
@@ -239,7 +239,7 @@ def publish_cpu_ms() -> tuple[float, float, dict[str, list[float]]]:
     of the next scrape (plain and gzip), as one poll a second costs it; and the CPU time of
     each cold body (this thread's, so other processes on the machine do not count)."""
     store = StateStore(priority=collector_priority())
-    cache = ExpositionCache(store.snapshot)
+    cache = build_exposition(store.snapshot)
     poll = polls(store)
     poll(0)
     cache.body()

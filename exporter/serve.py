@@ -15,7 +15,7 @@ import structlog
 from exporter import __version__
 from exporter.collectors import COLLECTORS, Collector, collector_priority, follow_engines
 from exporter.errors import ConfigError
-from exporter.exposition import ExpositionCache, build_routes
+from exporter.exposition import build_exposition, build_routes
 from exporter.flags import Flags, log_level
 from exporter.logs import LEVELS, configure_logging
 from exporter.state import StateStore
@@ -129,7 +129,7 @@ class Exporter:
         self.collectors = list(collectors)
         self.listen_address = listen_address
         counters = WebCounters()
-        cache = ExpositionCache(self.store.snapshot, per_scrape=[counters])
+        cache = build_exposition(self.store.snapshot, counters)
         # Each new snapshot is rendered where it is made, so a scrape serves ready bytes.
         self.store.subscribe(cache.prepare)
         follow_engines(self.store, self.collectors)

@@ -56,3 +56,14 @@ class Table(Generic[Row]):
     labels: tuple[str, ...]
     ids: Callable[[Row], tuple[str, ...]]
     columns: tuple[Column[Row], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeTable(Generic[Row]):
+    """A table whose rows are read afresh on every scrape (the HTTP server's counters,
+    process_*), not from the snapshot. `version`, where given, changes whenever the rows
+    do: while it stands, the last scrape's bytes are served again."""
+
+    table: Table[Row]
+    rows: Callable[[], Sequence[Row]]
+    version: Callable[[], int] | None = None

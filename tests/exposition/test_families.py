@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.exposition import ExpositionCache
+from exporter.exposition import build_exposition
 from exporter.state import OffloadTier, StateStore
 from exporter.web import WebCounters
 from tests.prefix_cache.helpers import recorded_views
@@ -40,7 +40,7 @@ def rich_store() -> StateStore:
 
 
 def text_body(store: StateStore) -> str:
-    cache = ExpositionCache(store.snapshot, per_scrape=[WebCounters()])
+    cache = build_exposition(store.snapshot, WebCounters())
     return cache.body().content.decode()
 
 
@@ -70,7 +70,7 @@ def test_promtool_check_metrics_is_clean(tmp_path: Path) -> None:
 
 
 def test_openmetrics_and_gzip_variants_carry_the_same_samples() -> None:
-    cache = ExpositionCache(rich_store().snapshot)
+    cache = build_exposition(rich_store().snapshot)
     text = cache.body().content.decode()
     om = cache.body(accept="application/openmetrics-text; version=1.0.0").content.decode()
     zipped = cache.body(accept_encoding="gzip, deflate")
@@ -93,7 +93,7 @@ def test_openmetrics_and_gzip_variants_carry_the_same_samples() -> None:
 
 def test_rendering_happens_once_per_snapshot() -> None:
     store = rich_store()
-    cache = ExpositionCache(store.snapshot, process_metrics=False)
+    cache = build_exposition(store.snapshot, process=False)
     first = cache.body().content
     assert cache._current() is cache._current()
     store.publish("vllm_http", "http://a", reports()[:1])
@@ -110,7 +110,7 @@ def test_every_exported_metric_is_documented_and_every_documented_one_exported()
 
 def test_every_variant_renders_in_any_order() -> None:
     for accept in (None, "application/openmetrics-text; version=1.0.0"):
-        cache = ExpositionCache(rich_store().snapshot)
+        cache = build_exposition(rich_store().snapshot)
         zipped = cache.body(accept=accept, accept_encoding="gzip")
         plain = cache.body(accept=accept)
         assert (

@@ -35,9 +35,12 @@ from exporter.exposition import (
     LAYOUT,
     Column,
     ExpositionCache,
-    ProcessText,
+    ProcessReader,
     Renderer,
+    ScrapeTable,
+    build_exposition,
     engine_rows,
+    web_tables,
 )
 from exporter.prefix_cache import LIFETIME_BUCKETS_S
 from exporter.state import (
@@ -98,6 +101,25 @@ class _Families:
 
     def collect(self) -> Iterator[Metric]:
         return reference_families(self.snapshot)
+
+
+class _ScrapeFamilies:
+    """The per-scrape tables' families, built the plain prometheus_client way each time."""
+
+    def __init__(self, tables: list[ScrapeTable[Any]]) -> None:
+        self.tables = tables
+
+    def collect(self) -> Iterator[Metric]:
+        for scrape in self.tables:
+            rows = scrape.rows()
+            for column in scrape.table.columns:
+                family = _family(column, scrape.table.labels)
+                for row in rows:
+                    value = column.value(row)
+                    if value is not None:
+                        labels = [*scrape.table.ids(row), *column.extra(row)]
+                        family.add_metric(labels, value)  # type: ignore[attr-defined]
+                yield family
 
 
 def reference(snapshot: Snapshot, *, openmetrics: bool) -> bytes:
@@ -246,7 +268,7 @@ def test_every_state_renders_as_prometheus_client_renders_it(
 ) -> None:
     clock = iter(range(1_000_000, 2_000_000))
     store = StateStore(lambda: float(next(clock)), priority={"handshake": 0, "vllm_http": 1})
-    cache = ExpositionCache(store.snapshot, process_metrics=False)
+    cache = build_exposition(store.snapshot, process=False)
     with capture_logs():
         for change in steps:
             apply(store, change)
@@ -255,7 +277,7 @@ def test_every_state_renders_as_prometheus_client_renders_it(
 
 def test_a_real_deployment_renders_as_prometheus_client_renders_it() -> None:
     store = rich_store()
-    cache = ExpositionCache(store.snapshot, process_metrics=False)
+    cache = build_exposition(store.snapshot, process=False)
     assert_same_as_prometheus_client(cache, store.snapshot())
     # Polls later: new timestamps, the same capacity; then one engine fewer.
     polled = gemma_reports("gemma-3-27b-text-dp2-tp2")
@@ -267,7 +289,7 @@ def test_a_real_deployment_renders_as_prometheus_client_renders_it() -> None:
 
 def test_process_metrics_follow_the_cached_part_in_both_formats() -> None:
     store = rich_store()
-    cache = ExpositionCache(store.snapshot)
+    cache = build_exposition(store.snapshot)
     expected = reference(store.snapshot(), openmetrics=False)
     body = cache.body(accept_encoding="gzip")
     text = gzip.decompress(body.content)
@@ -328,9 +350,10 @@ def test_the_per_scrape_families_render_as_prometheus_client_renders_them(
     proc = tmp_path_factory.mktemp("proc")
     process = fake_proc(proc, stat, max_fds, fds)
     store = StateStore()
-    cache = ExpositionCache(store.snapshot, process_metrics=False, per_scrape=[counters, process])
+    reader = ProcessReader(pid=lambda: 42, proc=str(proc))
+    cache = build_exposition(store.snapshot, counters, proc=reader)
     registry = CollectorRegistry(auto_describe=False)
-    for collector in (_Families(store.snapshot()), counters, process):
+    for collector in (_Families(store.snapshot()), _ScrapeFamilies(web_tables(counters)), process):
         registry.register(collector)
     # Each scrape sees more counts.
     for number in range(scrapes):
@@ -350,15 +373,6 @@ def test_the_per_scrape_families_render_as_prometheus_client_renders_them(
             assert cache.body(accept=accept).content == expected[openmetrics]
             zipped = cache.body(accept=accept, accept_encoding="gzip").content
             assert gzip.decompress(zipped) == expected[openmetrics]
-    # kvcap's own process_* writer reads the same files as ProcessCollector.
-    only_process = CollectorRegistry(auto_describe=False)
-    only_process.register(process)
-    text = ProcessText(pid=lambda: 42, proc=str(proc))
-    assert text.text(openmetrics=False).encode() == text_format.generate_latest(only_process)
-    assert (
-        text.text(openmetrics=True).encode() + b"# EOF\n"
-        == openmetrics_format.generate_latest(only_process)  # type: ignore[no-untyped-call]
-    )
 
 
 def test_the_process_series_are_those_of_prometheus_client() -> None:
@@ -368,15 +382,17 @@ def test_the_process_series_are_those_of_prometheus_client() -> None:
     def names(text: str) -> list[str]:
         return [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
 
-    assert names(ProcessText().text(openmetrics=False)) == names(
-        text_format.generate_latest(registry).decode()
-    )
-    assert ProcessText(proc="/no/such/proc").text(openmetrics=False) == ""
+    body = build_exposition(StateStore().snapshot).body().content.decode()
+    ours = [name for name in names(body) if name.startswith("process_")]
+    assert ours == names(text_format.generate_latest(registry).decode())
+    unreadable = ProcessReader(proc="/no/such/proc")
+    body = build_exposition(StateStore().snapshot, proc=unreadable).body().content.decode()
+    assert "# TYPE process_" not in body
 
 
 def test_a_snapshot_prepared_after_a_change_is_served_without_rendering_again() -> None:
     store = rich_store()
-    cache = ExpositionCache(store.snapshot, process_metrics=False)
+    cache = build_exposition(store.snapshot, process=False)
     store.subscribe(cache.prepare)
     store.publish("vllm_http", "http://a", gemma_reports("gemma-3-27b-text-dp2-tp2"))
     with patch.object(Renderer, "render", side_effect=AssertionError("rendered on the scrape")):
@@ -385,7 +401,7 @@ def test_a_snapshot_prepared_after_a_change_is_served_without_rendering_again() 
 
 def test_a_render_that_fails_after_a_change_is_logged_once_and_left_to_the_scrape() -> None:
     store = rich_store()
-    cache = ExpositionCache(store.snapshot, process_metrics=False)
+    cache = build_exposition(store.snapshot, process=False)
     store.subscribe(cache.prepare)
     polled = gemma_reports("gemma-3-27b-text-dp2-tp2")
     with (
