@@ -380,7 +380,7 @@ COLLECTOR: Table[tuple[str, bool]] = Table(
     lambda c: (c[0],),
     (
         Column(
-            "kvcap_scrape_collector_success",
+            "kvcap_collector_all_targets_up",
             "1 when every target of the collector succeeded on its last read.",
             lambda c: 1 if c[1] else 0,
             live=True,

@@ -76,7 +76,7 @@ class EngineReport:
     model_name: str
     instance_id: str | None = None
     vllm_version: str | None = None
-    # The vLLM platform the engine runs on ("cuda", "cpu"), when a source knows it.
+    # The vLLM platform the engine runs on ("cuda", "cpu"), when a collector knows it.
     platform: str | None = None
     # The start-up line(s) the engine's release prints, by the capacity model, and why
     # their token figure differs from the capacity where it does (old releases).

@@ -41,17 +41,17 @@ def running(
     endpoint: KvEventsEndpoint, store: StateStore | None = None, **settings: object
 ) -> tuple[KvEventsCollector, StateStore]:
     store = store or StateStore()
-    source = KvEventsCollector(
+    collector = KvEventsCollector(
         KvEventsSettings(endpoints=(endpoint,), discovery_interval_s=0.05, **settings)  # type: ignore[arg-type]
     )
-    started(source, store)
-    return source, store
+    started(collector, store)
+    return collector, store
 
 
-def started(source: KvEventsCollector, store: StateStore) -> None:
+def started(collector: KvEventsCollector, store: StateStore) -> None:
     """Wired to the store as the daemon wires it."""
-    follow_engines(store, [source])
-    source.start(store)
+    follow_engines(store, [collector])
+    collector.start(store)
 
 
 def view(store: StateStore, engine: str = "0") -> ResidencyView | None:
@@ -86,7 +86,7 @@ def totals(found: ResidencyView) -> tuple[int, int, int]:
 
 
 def test_an_in_order_stream_is_applied_exactly(publisher: StandInPublisher) -> None:
-    source, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM):
@@ -100,11 +100,11 @@ def test_an_in_order_stream_is_applied_exactly(publisher: StandInPublisher) -> N
         status = next(s for s in store.snapshot().collectors if s.collector == "kv_events")
         assert status.up
     finally:
-        source.stop(2)
+        collector.stop(2)
 
 
 def test_a_gap_is_filled_from_the_replay_endpoint(publisher: StandInPublisher) -> None:
-    source, store = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
+    collector, store = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM):
@@ -118,13 +118,13 @@ def test_a_gap_is_filled_from_the_replay_endpoint(publisher: StandInPublisher) -
         assert not found.approximate
         assert "missed" not in found.dropped_total
     finally:
-        source.stop(2)
+        collector.stop(2)
 
 
 def test_a_gap_without_replay_is_counted_and_marked_approximate(
     publisher: StandInPublisher,
 ) -> None:
-    source, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
     try:
         publisher.wait_for_subscriber()
         sent = [p for s, p in enumerate(STREAM) if s not in (20, 21, 22)]
@@ -138,7 +138,7 @@ def test_a_gap_without_replay_is_counted_and_marked_approximate(
         assert found.approximate
         assert found.approximate_reason == "batches were lost (sequence gap)"
     finally:
-        source.stop(2)
+        collector.stop(2)
 
 
 def test_a_sidecar_joining_mid_stream_replays_from_the_start(
@@ -146,7 +146,7 @@ def test_a_sidecar_joining_mid_stream_replays_from_the_start(
 ) -> None:
     for sequence, payload in enumerate(STREAM[:12]):
         publisher.publish(sequence, payload, send=False)  # sent before kvcap started
-    source, store = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
+    collector, store = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM[12:], start=12):
@@ -158,11 +158,11 @@ def test_a_sidecar_joining_mid_stream_replays_from_the_start(
         assert totals(found) == reference(STREAM)
         assert not found.approximate
     finally:
-        source.stop(2)
+        collector.stop(2)
 
 
 def test_joining_mid_stream_without_replay_is_approximate(publisher: StandInPublisher) -> None:
-    source, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM[12:], start=12):
@@ -173,11 +173,11 @@ def test_joining_mid_stream_without_replay_is_approximate(publisher: StandInPubl
         assert found.approximate_reason == "joined the stream after its start"
         assert found.dropped_total["missed"] == 12
     finally:
-        source.stop(2)
+        collector.stop(2)
 
 
 def test_a_new_publisher_starts_the_residency_from_zero(publisher: StandInPublisher) -> None:
-    source, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM[:12]):
@@ -191,13 +191,13 @@ def test_a_new_publisher_starts_the_residency_from_zero(publisher: StandInPublis
         assert totals(found)[0] == reference(STREAM[:1])[0] == 4
         assert not found.approximate
     finally:
-        source.stop(2)
+        collector.stop(2)
 
 
 def test_malformed_messages_are_counted_and_the_stream_goes_on(
     publisher: StandInPublisher,
 ) -> None:
-    source, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
     try:
         publisher.wait_for_subscriber()
         publisher.publish(0, STREAM[0])
@@ -212,7 +212,7 @@ def test_malformed_messages_are_counted_and_the_stream_goes_on(
         errors = store.snapshot().errors
         assert errors[("kv_events", "malformed_batch")] == 2
     finally:
-        source.stop(2)
+        collector.stop(2)
 
 
 def test_endpoints_pool_size_and_restarts_come_from_the_engine_state(
@@ -231,8 +231,8 @@ def test_endpoints_pool_size_and_restarts_come_from_the_engine_state(
         )
 
     store.publish("handshake", "ipc://h", [report("a")])
-    source = KvEventsCollector(KvEventsSettings(discovery_interval_s=0.05))
-    started(source, store)
+    collector = KvEventsCollector(KvEventsSettings(discovery_interval_s=0.05))
+    started(collector, store)
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM[:12]):
@@ -245,14 +245,14 @@ def test_endpoints_pool_size_and_restarts_come_from_the_engine_state(
         assert found is not None
         assert totals(found)[0] == 0
     finally:
-        source.stop(2)
+        collector.stop(2)
 
 
 def test_an_engine_publishing_on_a_new_endpoint_starts_from_zero(
     publisher: StandInPublisher,
 ) -> None:
     moved = StandInPublisher(replay=False)
-    source = KvEventsCollector(
+    collector = KvEventsCollector(
         KvEventsSettings(
             endpoints=(
                 KvEventsEndpoint(publisher.endpoint, None, "0"),
@@ -262,7 +262,7 @@ def test_an_engine_publishing_on_a_new_endpoint_starts_from_zero(
         )
     )
     store = StateStore()
-    started(source, store)
+    started(collector, store)
     try:
         publisher.wait_for_subscriber()
         moved.wait_for_subscriber()
@@ -276,5 +276,5 @@ def test_an_engine_publishing_on_a_new_endpoint_starts_from_zero(
         assert found.cleared_total == 1
         assert totals(found)[0] == 4
     finally:
-        source.stop(2)
+        collector.stop(2)
         moved.close()

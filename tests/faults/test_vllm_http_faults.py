@@ -135,7 +135,7 @@ def test_a_killed_vllm_is_down_within_one_poll_and_stale_after_the_ttl(
             "engines stale",
         )
     assert stale.by_engine("kvcap_kv_cache_capacity_tokens") == capacity
-    assert stale.value("kvcap_scrape_collector_success", collector="vllm_http") == 0
+    assert stale.value("kvcap_collector_all_targets_up", collector="vllm_http") == 0
     # One log line for the state change, not one per failed poll.
     assert [e["event"] for e in logs if e["event"] == "collector_failed"] == ["collector_failed"]
     assert errors(stale) >= 3
