@@ -14,32 +14,20 @@ from exporter.web import WebCounters
 
 Count = tuple[str, int]
 
-REJECTED: Table[Count] = Table(
-    ("reason",),
-    lambda c: (c[0],),
-    (
-        Column(
-            "kvcap_web_requests_rejected",
-            "Requests and connections the HTTP server refused before serving them, by reason.",
-            lambda c: c[1],
-            kind="counter",
-            live=True,
-        ),
-    ),
-)
 
-RELOAD_ERRORS: Table[Count] = Table(
-    ("reason",),
-    lambda c: (c[0],),
-    (
-        Column(
-            "kvcap_web_config_reload_errors",
-            "Web config reloads refused (the last good config is kept), by reason.",
-            lambda c: c[1],
-            kind="counter",
-            live=True,
-        ),
-    ),
+def _by_reason(name: str, help_text: str) -> Table[Count]:
+    """A counter per refusal reason (every reason from the start: its series exist)."""
+    column: Column[Count] = Column(name, help_text, lambda c: c[1], kind="counter", live=True)
+    return Table(("reason",), lambda c: (c[0],), (column,))
+
+
+REJECTED = _by_reason(
+    "kvcap_web_requests_rejected",
+    "Requests and connections the HTTP server refused before serving them, by reason.",
+)
+RELOAD_ERRORS = _by_reason(
+    "kvcap_web_config_reload_errors",
+    "Web config reloads refused (the last good config is kept), by reason.",
 )
 
 CONNECTIONS: Table[int] = Table(

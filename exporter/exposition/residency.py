@@ -9,14 +9,20 @@ hash, token or request id.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from exporter.exposition.columns import Column, Table
 from exporter.prefix_cache import LIFETIME_BUCKETS_S
 from exporter.state import PoolView, ResidencyView
 
 PoolRow = tuple[ResidencyView, PoolView]
+Row = TypeVar("Row")
 DroppedRow = tuple[ResidencyView, str, int]
+
+
+def counter(name: str, help_text: str, value: Callable[[Row], float | None]) -> Column[Row]:
+    """A counter of the residency: live, as every residency family (a tick moves it)."""
+    return Column(name, help_text, value, kind="counter", live=True)
 
 
 def _tokens(row: PoolRow) -> float | None:
@@ -52,20 +58,16 @@ POOL: Table[PoolRow] = Table(
             _ratio,
             live=True,
         ),
-        Column(
+        counter(
             "kvcap_prefix_cache_stored_blocks",
             "Blocks that entered the resident set (BlockStored of a block not resident).",
             lambda r: r[1].stored_total,
-            kind="counter",
-            live=True,
         ),
-        Column(
+        counter(
             "kvcap_prefix_cache_removed_blocks",
             "Blocks that left the resident set: removed, cleared, pruned or lost to a "
             "restart. stored - removed = resident.",
             lambda r: r[1].removed_total,
-            kind="counter",
-            live=True,
         ),
         Column(
             "kvcap_prefix_cache_block_lifetime_seconds",
@@ -96,26 +98,20 @@ ENGINE: Table[ResidencyView] = Table(
             lambda view: 1 if view.approximate else 0,
             live=True,
         ),
-        Column(
+        counter(
             "kvcap_prefix_cache_cleared",
             "Times the residency was emptied: AllBlocksCleared events and engine restarts.",
             lambda view: view.cleared_total,
-            kind="counter",
-            live=True,
         ),
-        Column(
+        counter(
             "kvcap_kv_events_received",
             "KV events received (BlockStored, BlockRemoved, AllBlocksCleared), read or not.",
             lambda view: view.events_received_total,
-            kind="counter",
-            live=True,
         ),
-        Column(
+        counter(
             "kvcap_kv_events_gaps",
             "Sequence gaps in the publisher's stream (batches that did not arrive).",
             lambda view: view.gaps_total,
-            kind="counter",
-            live=True,
         ),
     ),
 )
@@ -124,14 +120,12 @@ DROPPED: Table[DroppedRow] = Table(
     ("engine", "reason"),
     lambda r: (r[0].engine, r[1]),
     (
-        Column(
+        counter(
             "kvcap_kv_events_dropped",
             "KV events or blocks kvcap could not apply, by reason: rejected (an event that "
             "does not decode), malformed_batch, missed (batches lost to a gap), "
             "unknown_block (a removal of a block not resident), too_many_media.",
             lambda r: r[2],
-            kind="counter",
-            live=True,
         ),
     ),
 )
