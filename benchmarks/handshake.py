@@ -30,7 +30,7 @@ from exporter.collectors import (
     collector_priority,
     engine_report,
 )
-from exporter.exposition import ExpositionCache
+from exporter.exposition import build_exposition
 from exporter.handshake_wire import ReadyExtras, decode_extras, decode_ready, encode, ready_message
 from exporter.logs import configure_logging
 from exporter.state import StateStore
@@ -113,7 +113,7 @@ def in_process() -> list[float]:
     """The exporter's own share of the latency: decoding a message into the state and
     rendering the next body, in one thread (no sockets, no thread hand-offs)."""
     store = StateStore(priority=collector_priority())
-    cache = ExpositionCache(store.snapshot)
+    cache = build_exposition(store.snapshot)
     receiver = HandshakeReceiver("ipc://bench", store, HandshakeSettings(max_messages_per_s=1e9))
     extras = ReadyExtras(model_name="Qwen/Qwen3-Next-80B-A3B-Instruct")
     delays = []

@@ -37,11 +37,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.common import Row, median, p99, print_rows
 from benchmarks.parse import wide_exposition
 from exporter.capacity import EngineCapacity, EngineSettings, derive_capacity
-from exporter.collectors import VllmHttpSettings, collector_priority
-from exporter.collectors.http_fetch import fetch
+from exporter.collectors import ServerPoller, VllmHttpSettings, collector_priority, fetch
 from exporter.collectors.parsing import parse_vllm_serve_args
-from exporter.collectors.vllm_http import ServerPoller
-from exporter.exposition import ExpositionCache
+from exporter.exposition import build_exposition
 from exporter.logs import configure_logging
 from exporter.serve import Exporter
 from exporter.state import EngineReport, KvUsage, StateStore
@@ -73,8 +71,8 @@ def scout_capacity() -> EngineCapacity:
         EngineSettings(tensor_parallel_size=8, max_model_len=131072),
         available_kv_bytes_per_worker=40 * 2**30,
     )
-    assert len(derived.groups) == 4
-    assert len(derived.bytes_per_block_per_worker) == 8
+    assert len(derived.capacity.groups) == 4
+    assert len(derived.capacity.bytes_per_block_per_worker) == 8
     return derived.capacity
 
 
@@ -320,7 +318,7 @@ def publish_cpu_ms() -> tuple[float, float, dict[str, list[float]]]:
     of the next scrape (plain and gzip), as one poll a second costs it; and the CPU time of
     each cold body (this thread's, so other processes on the machine do not count)."""
     store = StateStore(priority=collector_priority())
-    cache = ExpositionCache(store.snapshot)
+    cache = build_exposition(store.snapshot)
     poll = polls(store)
     poll(0)
     cache.body()

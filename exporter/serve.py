@@ -14,9 +14,9 @@ from typing import Any
 import structlog
 
 from exporter import __version__
-from exporter.collectors import COLLECTORS, Collector, collector_priority, residency_views
+from exporter.collectors import COLLECTORS, Collector, collector_priority, follow_engines
 from exporter.errors import ConfigError
-from exporter.exposition import ExpositionCache, PrefixCacheCollector, build_routes
+from exporter.exposition import build_exposition, build_routes
 from exporter.flags import Flags, log_level
 from exporter.logs import LEVELS, configure_logging
 from exporter.state import StateStore
@@ -137,15 +137,13 @@ class Exporter:
         self.collectors = list(collectors)
         self.listen_address = listen_address
         counters = WebCounters()
-        residency = residency_views(self.collectors)
-        cache = ExpositionCache(
-            self.store.snapshot, per_scrape=[counters, PrefixCacheCollector(residency)]
-        )
+        cache = build_exposition(self.store.snapshot, counters)
         # Each new snapshot is rendered where it is made, so a scrape serves ready bytes.
         self.store.subscribe(cache.prepare)
+        follow_engines(self.store, self.collectors)
         self.server = WebServer(
             listen_address,
-            build_routes(self.store.snapshot, cache, residency, active_flags),
+            build_routes(self.store.snapshot, cache, active_flags),
             web_config_file=web_config_file,
             max_connections=max_connections,
             allow_downgrade=allow_downgrade,

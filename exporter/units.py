@@ -84,10 +84,3 @@ def parse_duration(text: str) -> float:
     if not parts or "".join(number + unit for number, unit in parts) != stripped:
         raise ConfigError(f"not a duration: {text!r} (examples: 5s, 250ms, 1m, 1m30s, 2.5)")
     return sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
-
-
-def format_duration(seconds: float) -> str:
-    """`5.0` -> `5s`, `0.25` -> `250ms`, `90.0` -> `90s`: how --help shows a default."""
-    if seconds < 1 and seconds * 1000 == int(seconds * 1000):
-        return f"{int(seconds * 1000)}ms"
-    return f"{seconds:g}s"

@@ -26,7 +26,6 @@ import ast
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 OUTPUT = Path(__file__).resolve().parent.parent / "exporter/capacity/vllm_serve_flags.json"
@@ -188,4 +187,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

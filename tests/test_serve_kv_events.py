@@ -24,10 +24,10 @@ from tests.tools import require_tool
 @pytest.mark.process
 def test_residency_is_scraped_per_engine_and_group() -> None:
     publisher = StandInPublisher()
-    source = KvEventsCollector(
+    collector = KvEventsCollector(
         KvEventsSettings(endpoints=(KvEventsEndpoint(publisher.endpoint, None, "0"),))
     )
-    exporter = Exporter([source], "127.0.0.1:0")
+    exporter = Exporter([collector], "127.0.0.1:0")
     exporter.start()
     try:
         publisher.wait_for_subscriber()

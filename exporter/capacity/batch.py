@@ -86,19 +86,19 @@ _DEFAULTS = EngineSettings()
 def result_to_json(result: CapacityResult) -> dict[str, Any]:
     """The batch output of one successful record (golden field names)."""
     return {
-        "num_gpu_blocks": result.num_gpu_blocks,
-        "block_size": result.block_size,
-        "kv_cache_size_tokens": result.kv_cache_size_tokens,
-        "max_concurrency": result.max_concurrency,
-        "max_model_len": result.max_model_len,
+        "num_gpu_blocks": result.capacity.num_gpu_blocks,
+        "block_size": result.capacity.block_size,
+        "kv_cache_size_tokens": result.capacity.kv_cache_size_tokens,
+        "max_concurrency": result.capacity.kv_cache_max_concurrency,
+        "max_model_len": result.capacity.max_model_len,
         "max_model_len_before_planning": result.max_model_len_before_planning,
         "effective_attention_block_size": result.effective_attention_block_size,
-        "bytes_per_block_per_worker": list(result.bytes_per_block_per_worker),
+        "bytes_per_block_per_worker": list(result.capacity.bytes_per_block_per_worker),
         "log_lines": list(result.log_lines),
         "logged_kv_cache_size_tokens": result.logged_kv_cache_size_tokens,
         "log_note": result.log_note,
         "vllm_version": result.vllm_version,
-        "approximate": result.approximate,
+        "approximate": result.capacity.approximate,
         "family": result.family,
         "platform": result.platform,
         "groups": [
@@ -113,7 +113,7 @@ def result_to_json(result: CapacityResult) -> dict[str, Any]:
                 "sliding_window": group.sliding_window,
                 "attention_chunk_size": group.attention_chunk_size,
             }
-            for group in result.groups
+            for group in result.capacity.groups
         ],
     }
 

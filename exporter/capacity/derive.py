@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.capacity import families
@@ -62,58 +62,30 @@ class LayerKvSpec:
 
 @dataclass(frozen=True, slots=True)
 class CapacityResult:
-    """Everything vLLM decides about one engine's KV cache, re-derived."""
+    """Everything vLLM decides about one engine's KV cache, re-derived: the capacity every
+    producer shares (the state merges it), and how the model got there."""
 
     architecture: str
     family: str
-    approximate: bool
     platform: str
-    kv_cache_dtype: str
     mamba_cache_mode: MambaCacheMode
     layer_specs: tuple[LayerKvSpec, ...]
-    groups: tuple[GroupCapacity, ...]
-    bytes_per_block_per_worker: tuple[int, ...]
-    num_gpu_blocks: int
-    block_size: int
+    # Every figure known (a derivation leaves none unknown): blocks, block size, tokens,
+    # concurrency, max_model_len, dtype, groups, bytes per block on each worker.
+    capacity: EngineCapacity
     effective_attention_block_size: int | None
     max_model_len_before_planning: int
-    max_model_len: int
     max_num_batched_tokens: int
-    kv_cache_size_tokens: int
-    max_concurrency: float
     # The vLLM release planned for and the start-up line(s) it prints. Its logged token
     # figure can differ from kv_cache_size_tokens (old releases): log_note says why.
     vllm_version: str
     log_lines: tuple[str, ...]
     logged_kv_cache_size_tokens: int
     log_note: str | None
-    # The shared figures, made once (see `capacity`): the same object poll after poll.
-    _capacity: EngineCapacity | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def blocks_per_request(self) -> int:
-        return sum(group.blocks_per_request for group in self.groups)
-
-    @property
-    def capacity(self) -> EngineCapacity:
-        """The figures every producer of capacity shares (the state merges these)."""
-        if self._capacity is None:
-            object.__setattr__(self, "_capacity", self._shared_figures())
-        assert self._capacity is not None
-        return self._capacity
-
-    def _shared_figures(self) -> EngineCapacity:
-        return EngineCapacity(
-            kv_cache_size_tokens=self.kv_cache_size_tokens,
-            kv_cache_max_concurrency=self.max_concurrency,
-            num_gpu_blocks=self.num_gpu_blocks,
-            block_size=self.block_size,
-            max_model_len=self.max_model_len,
-            cache_dtype=self.kv_cache_dtype,
-            groups=self.groups,
-            bytes_per_block_per_worker=self.bytes_per_block_per_worker,
-            approximate=self.approximate,
-        )
+        return sum(group.blocks_per_request for group in self.capacity.groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,26 +330,28 @@ def _assemble_result(r: _Resolved, built: _Groups, plan: _Plan) -> CapacityResul
     return CapacityResult(
         architecture=r.hf.architecture,
         family=r.family_name,
-        approximate=r.layout.approximate or release.approximate,
         platform=r.rules.name,
-        kv_cache_dtype=built.kv_cache_dtype,
         mamba_cache_mode=r.mode,
         layer_specs=tuple(LayerKvSpec(layer.name, spec) for layer, spec in built.specs),
-        groups=tuple(
-            _describe(group, plan.stages[0], plan.request_limits, r.release_rules)
-            for group in groups
+        capacity=EngineCapacity(
+            kv_cache_size_tokens=tokens,
+            kv_cache_max_concurrency=concurrency,
+            num_gpu_blocks=plan.num_blocks,
+            block_size=_scheduler_block_size(groups, r.mode),
+            max_model_len=plan.max_model_len,
+            cache_dtype=built.kv_cache_dtype,
+            groups=tuple(
+                _describe(group, plan.stages[0], plan.request_limits, r.release_rules)
+                for group in groups
+            ),
+            bytes_per_block_per_worker=tuple(plan.worker_bytes),
+            approximate=r.layout.approximate or release.approximate,
         ),
-        bytes_per_block_per_worker=tuple(plan.worker_bytes),
-        num_gpu_blocks=plan.num_blocks,
-        block_size=_scheduler_block_size(groups, r.mode),
         effective_attention_block_size=_effective_attention_block_size(groups, settings),
         max_model_len_before_planning=(
             r.derived_len if settings.auto_fit_max_model_len else plan.max_model_len
         ),
-        max_model_len=plan.max_model_len,
         max_num_batched_tokens=plan.batched_tokens,
-        kv_cache_size_tokens=tokens,
-        max_concurrency=concurrency,
         vllm_version=release.version,
         log_lines=log_lines(
             r.release_rules,

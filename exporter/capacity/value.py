@@ -8,8 +8,7 @@ label names of `kvcap_kv_cache_info`, so a figure has one name from source to se
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
-from operator import attrgetter
+from dataclasses import dataclass
 
 from exporter.capacity.specs import (
     ChunkedLocalAttentionSpec,
@@ -19,6 +18,7 @@ from exporter.capacity.specs import (
     SlidingWindowSpec,
     cdiv,
 )
+from exporter.merging import first_known
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,23 +68,13 @@ class EngineCapacity:
         return tuple(self.num_gpu_blocks * size for size in self.bytes_per_block_per_worker)
 
 
-_FIELDS = attrgetter(*(field.name for field in fields(EngineCapacity)))
 NO_CAPACITY = EngineCapacity()
 
 
 def merge_capacities(values: Iterable[EngineCapacity | None]) -> EngineCapacity:
     """The first known value of each field, in the order given (the best producer first)."""
     known = [value for value in values if value is not None]
-    if not known:
-        return NO_CAPACITY
-    if len(known) == 1:
-        return known[0]
-    merged = list(_FIELDS(known[0]))
-    for value in known[1:]:
-        for index, found in enumerate(_FIELDS(value)):
-            if merged[index] is None or merged[index] == ():
-                merged[index] = found
-    return EngineCapacity(*merged)
+    return first_known(known) if known else NO_CAPACITY
 
 
 def capacity_tokens(num_gpu_blocks: int, blocks_per_request: int, max_model_len: int) -> int:

@@ -54,9 +54,9 @@ def resolved_settings(result: CapacityResult | None) -> dict[str, object]:
     if result is None:
         return {}
     return {
-        "max_model_len": result.max_model_len,
-        "block_size": result.block_size,
-        "kv_cache_dtype": result.kv_cache_dtype,
+        "max_model_len": result.capacity.max_model_len,
+        "block_size": result.capacity.block_size,
+        "kv_cache_dtype": result.capacity.cache_dtype,
         "max_num_batched_tokens": result.max_num_batched_tokens,
         "mamba_cache_mode": result.mamba_cache_mode,
     }
@@ -182,10 +182,11 @@ def error_document(error: Exception) -> dict[str, Any]:
 
 def _result_document(result: CapacityResult, inputs: CapacityInputs) -> dict[str, Any]:
     engines = inputs.data_parallel_size
+    tokens = result.capacity.kv_cache_size_tokens
     return {
         **result_to_json(result),
         "engines": engines,
-        "kv_cache_size_tokens_all_engines": result.kv_cache_size_tokens * engines,
+        "kv_cache_size_tokens_all_engines": None if tokens is None else tokens * engines,
     }
 
 
@@ -294,35 +295,35 @@ def outcome_text(outcome: Outcome) -> str:
 
 
 def result_lines(result: CapacityResult, inputs: CapacityInputs) -> list[str]:
-    lines = [*result.log_lines, ""]
+    lines, capacity = [*result.log_lines, ""], result.capacity
     if result.log_note:
         lines.append(
-            f"note: kvcap's capacity is {result.kv_cache_size_tokens:,} tokens: {result.log_note}"
+            f"note: kvcap's capacity is {capacity.kv_cache_size_tokens:,} tokens: {result.log_note}"
         )
     if result.family == "generic":
         lines.append(
             f"note: {result.architecture} is not a known family; derived with the generic "
             "rule (approximate)"
         )
-    elif result.approximate:
+    elif result.capacity.approximate:
         lines.append(
             f"note: vLLM {result.vllm_version} is newer than the newest release kvcap knows "
             f"({NEWEST.name}); planned with that release's rules (approximate)"
         )
     lines.append(
-        f"num_gpu_blocks={result.num_gpu_blocks} block_size={result.block_size} "
-        f"max_model_len={result.max_model_len} blocks_per_request={result.blocks_per_request} "
-        f"bytes_per_block_per_worker={result.bytes_per_block_per_worker[0]}"
+        f"num_gpu_blocks={capacity.num_gpu_blocks} block_size={capacity.block_size} "
+        f"max_model_len={capacity.max_model_len} blocks_per_request={result.blocks_per_request} "
+        f"bytes_per_block_per_worker={capacity.bytes_per_block_per_worker[0]}"
     )
-    engines = inputs.data_parallel_size
-    if engines > 1:
+    engines, tokens = inputs.data_parallel_size, result.capacity.kv_cache_size_tokens
+    if engines > 1 and tokens is not None:
         lines.append(
-            f"all {engines} engines: {result.kv_cache_size_tokens * engines:,} tokens "
+            f"all {engines} engines: {tokens * engines:,} tokens "
             "(each engine plans its own cache; the log lines above are per engine)"
         )
     header = ("group", "spec", "layers", "block", "page bytes", "blocks/req", "window/chunk")
     rows = [header]
-    for index, group in enumerate(result.groups):
+    for index, group in enumerate(result.capacity.groups):
         window = group.sliding_window or group.attention_chunk_size
         rows.append(
             (

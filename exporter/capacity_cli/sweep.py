@@ -100,10 +100,10 @@ def sweep_rows(
         elif result is not None:
             cells += [
                 kv,
-                f"{result.num_gpu_blocks:,}",
-                f"{result.kv_cache_size_tokens:,}",
-                f"{result.max_model_len:,}",
-                f"{result.max_concurrency:.2f}x",
+                f"{result.capacity.num_gpu_blocks:,}",
+                f"{result.capacity.kv_cache_size_tokens:,}",
+                f"{result.capacity.max_model_len:,}",
+                f"{result.capacity.kv_cache_max_concurrency:.2f}x",
                 "fits",
             ]
         else:

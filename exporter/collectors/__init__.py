@@ -25,20 +25,23 @@ if TYPE_CHECKING:
         engine_report,
     )
     from exporter.collectors.http_fetch import FetchError, fetch
-    from exporter.collectors.kv_events import KvEventsCollector, KvEventsSettings, residency_views
+    from exporter.collectors.kv_events import KvEventsCollector
     from exporter.collectors.kv_events_endpoints import (
         connectable,
         endpoints_from_sources,
         parse_endpoint_flag,
     )
     from exporter.collectors.kv_events_sequence import Step, classify, missing_from
+    from exporter.collectors.kv_events_subscription import KvEventsSettings
     from exporter.collectors.nvml import NvmlCollector, NvmlPoller, NvmlSettings
     from exporter.collectors.nvml_reader import NvmlSession, load_library, parse_visible_devices
     from exporter.collectors.registry import (
         COLLECTORS,
         Collector,
         CollectorSpec,
+        EngineFollower,
         collector_priority,
+        follow_engines,
         register_collector,
     )
     from exporter.collectors.settings_check import (
@@ -72,20 +75,23 @@ _NAMES: dict[str, tuple[str, ...]] = {
         "engine_report",
     ),
     "exporter.collectors.http_fetch": ("FetchError", "fetch"),
-    "exporter.collectors.kv_events": ("KvEventsCollector", "KvEventsSettings", "residency_views"),
+    "exporter.collectors.kv_events": ("KvEventsCollector",),
     "exporter.collectors.kv_events_endpoints": (
         "connectable",
         "endpoints_from_sources",
         "parse_endpoint_flag",
     ),
     "exporter.collectors.kv_events_sequence": ("Step", "classify", "missing_from"),
+    "exporter.collectors.kv_events_subscription": ("KvEventsSettings",),
     "exporter.collectors.nvml": ("NvmlCollector", "NvmlPoller", "NvmlSettings"),
     "exporter.collectors.nvml_reader": ("NvmlSession", "load_library", "parse_visible_devices"),
     "exporter.collectors.registry": (
         "COLLECTORS",
         "Collector",
         "CollectorSpec",
+        "EngineFollower",
         "collector_priority",
+        "follow_engines",
         "register_collector",
     ),
     "exporter.collectors.settings_check": (
@@ -118,6 +124,7 @@ __all__ = [
     "Collector",
     "CollectorSpec",
     "Deriver",
+    "EngineFollower",
     "FetchError",
     "HandshakeCollector",
     "HandshakeReceiver",
@@ -145,12 +152,12 @@ __all__ = [
     "engine_report",
     "expected_engines",
     "fetch",
+    "follow_engines",
     "load_library",
     "missing_from",
     "parse_endpoint_flag",
     "parse_visible_devices",
     "read_server",
     "register_collector",
-    "residency_views",
     "server_mismatches",
 ]

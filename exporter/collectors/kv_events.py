@@ -1,10 +1,12 @@
 """Collector `kv_events`: subscribe to each engine's KV event publisher and keep what its
-prefix cache holds (exporter/prefix_cache/residency.py), per group and medium.
+prefix cache holds (exporter/prefix_cache/residency.py), per group and medium; publish it
+to the state as immutable records, once per tick, for the engines whose stream moved.
 
 Endpoints come from --kv-events.endpoint, and from what the other collectors learned
-(vLLM's /kv_event_sources, the handshake's ready response), read from the state. A
-sequence gap is filled from the engine's replay endpoint when it has one; else the
-residency is marked approximate until an AllBlocksCleared or a restart.
+(vLLM's /kv_event_sources, the handshake's ready response): the daemon hands each new
+snapshot's engines to `engines_changed`, with the restarts the state noticed. A sequence
+gap is filled from the engine's replay endpoint when it has one; else the residency is
+marked approximate until an AllBlocksCleared or a restart.
 """
 
 from __future__ import annotations
@@ -12,19 +14,19 @@ from __future__ import annotations
 import argparse
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import structlog
 import zmq
 
 from exporter.collectors.kv_events_endpoints import parse_endpoint_flag
-from exporter.collectors.kv_events_subscription import NAME, Subscription
+from exporter.collectors.kv_events_subscription import NAME, KvEventsSettings, Subscription
 from exporter.collectors.registry import CollectorSpec, register_collector
 from exporter.flags import FlagGroup, positive_int, size
-from exporter.prefix_cache import DEFAULT_MAX_BLOCKS, EngineResidency, ResidencyView
-from exporter.state import KvEventsEndpoint, Snapshot, StateSink
+from exporter.prefix_cache import DEFAULT_MAX_BLOCKS, EngineResidency
+from exporter.state import KvEventsEndpoint, ResidencyView, Snapshot, StateSink
 
 log = structlog.get_logger("kvcap.kv_events")
 
@@ -32,75 +34,51 @@ _POLL_MS = 200
 
 
 @dataclass(frozen=True, slots=True)
-class KvEventsSettings:
-    endpoints: tuple[KvEventsEndpoint, ...] = ()
-    discover: bool = True  # also follow the endpoints other collectors report
-    max_message_bytes: int = 64 * 2**20
-    max_blocks: int = DEFAULT_MAX_BLOCKS
-    replay_timeout_s: float = 2.0
-    max_replay_batches: int = 100_000
-    connect_timeout_s: float = 5.0
-    discovery_interval_s: float = 1.0
-
-
-@dataclass(frozen=True, slots=True)
 class EngineHint:
     """What the engine state knows about one engine that the residency needs."""
 
     num_gpu_blocks: int | None
-    instance_id: str | None
+    restarts: int  # restarts the state noticed so far
     kv_events: KvEventsEndpoint | None
-
-
-@runtime_checkable
-class SnapshotReader(Protocol):
-    """The state's read side (StateStore has it): pool sizes, restarts, endpoints."""
-
-    def snapshot(self) -> Snapshot: ...
 
 
 def engine_hints(snapshot: Snapshot) -> dict[str, EngineHint]:
     return {
-        view.engine: EngineHint(view.capacity.num_gpu_blocks, view.instance_id, view.kv_events)
+        view.engine: EngineHint(
+            view.capacity.num_gpu_blocks, snapshot.restarts.get(view.engine, 0), view.kv_events
+        )
         for view in snapshot.engines
     }
 
 
 class ResidencyBook:
-    """Every engine's residency, by engine label; read by the exposition each scrape."""
+    """Every engine's residency, by engine label; the collector's thread alone uses it."""
 
     def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
         self._max_blocks = max_blocks
-        self._lock = threading.Lock()
         self._engines: dict[str, EngineResidency] = {}
-        self._instances: dict[str, str] = {}
+        self._restarts: dict[str, int] = {}
 
     def engine(self, engine: str) -> EngineResidency:
-        with self._lock:
-            found = self._engines.get(engine)
-            if found is None:
-                found = self._engines[engine] = EngineResidency(engine, self._max_blocks)
-            return found
+        found = self._engines.get(engine)
+        if found is None:
+            found = self._engines[engine] = EngineResidency(engine, self._max_blocks)
+        return found
 
-    def views(self) -> list[ResidencyView]:
-        with self._lock:
-            engines = list(self._engines.values())
-        return [e.view() for e in engines]
+    def changed(self) -> list[ResidencyView]:
+        """The records of the engines that moved since the last call."""
+        return [e.view() for e in self._engines.values() if e.changed]
 
     def apply_hints(self, hints: Mapping[str, EngineHint]) -> None:
-        """Pool sizes bound the sets; a new instance_id is a restart: the cache is gone."""
-        with self._lock:
-            engines = dict(self._engines)
-        for engine, residency in engines.items():
+        """Pool sizes bound the sets; a restart the state noticed empties the cache."""
+        for engine, residency in self._engines.items():
             hint = hints.get(engine)
             if hint is None:
                 continue
-            residency.pool_blocks = hint.num_gpu_blocks
-            if hint.instance_id is None:
-                continue
-            before = self._instances.get(engine)
-            self._instances[engine] = hint.instance_id
-            if before is not None and before != hint.instance_id:
+            residency.set_pool_blocks(hint.num_gpu_blocks)
+            before = self._restarts.get(engine)
+            self._restarts[engine] = hint.restarts
+            if before is not None and hint.restarts > before:
                 log.info("engine_restarted_residency_cleared", engine=engine)
                 residency.reset()
 
@@ -113,21 +91,24 @@ class KvEventsCollector:
     def __init__(
         self,
         settings: KvEventsSettings,
-        book: ResidencyBook | None = None,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
         self.settings = settings
-        self.book = book or ResidencyBook(settings.max_blocks)
+        self.book = ResidencyBook(settings.max_blocks)
         self.context = context or zmq.Context.instance()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._subscriptions: dict[str, Subscription] = {}
-        self._hints: Callable[[], Mapping[str, EngineHint]] = dict
+        # The engines of the latest snapshot, handed over by the daemon on any thread and
+        # read on the collector's tick (one reference swap: no lock).
+        self._engines: Snapshot | None = None
+
+    def engines_changed(self, snapshot: Snapshot) -> None:
+        """What the other collectors know of the engines (pool sizes, endpoints) and the
+        restarts the state noticed."""
+        self._engines = snapshot
 
     def start(self, sink: StateSink) -> None:
-        if isinstance(sink, SnapshotReader):
-            reader = sink
-            self._hints = lambda: engine_hints(reader.snapshot())
         self._thread = threading.Thread(
             target=self._run, args=(sink,), name="kv-events", daemon=True
         )
@@ -137,9 +118,6 @@ class KvEventsCollector:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-
-    def views(self) -> list[ResidencyView]:
-        return self.book.views()
 
     def _run(self, sink: StateSink) -> None:
         for endpoint in self.settings.endpoints:
@@ -174,12 +152,14 @@ class KvEventsCollector:
                 sink.reject(NAME, "kv_events", "internal_error", str(error))
 
     def _tick(self, sink: StateSink) -> None:
-        hints = self._hints()
+        engines = self._engines
+        hints = engine_hints(engines) if engines is not None else {}
         if self.settings.discover:
             for hint in hints.values():
                 if hint.kv_events is not None:
                     self._subscribe(hint.kv_events, sink)
         self.book.apply_hints(hints)
+        sink.publish_residency(NAME, self.book.changed())
         for subscription in self._subscriptions.values():
             age = time.monotonic() - subscription.created_at
             if not subscription.reported and age > self.settings.connect_timeout_s:
@@ -195,7 +175,7 @@ class KvEventsCollector:
         log.info("kv_events_subscribing", endpoint=endpoint.endpoint, engine=endpoint.engine)
         sink.register_target(NAME, endpoint.endpoint)
         self._subscriptions[endpoint.endpoint] = Subscription(
-            self.context, endpoint, self.book, self.settings
+            self.context, endpoint, self.book.engine, self.settings
         )
 
 
@@ -247,12 +227,6 @@ def _build(args: argparse.Namespace) -> KvEventsCollector | None:
             max_blocks=max(1, args.kv_events_max_blocks),
         )
     )
-
-
-def residency_views(collectors: Iterable[object]) -> Callable[[], list[ResidencyView]]:
-    """The residency readers of the running kv_events collectors, for the exposition."""
-    running = [c for c in collectors if isinstance(c, KvEventsCollector)]
-    return lambda: [view for c in running for view in c.views()]
 
 
 register_collector(

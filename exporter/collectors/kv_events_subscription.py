@@ -4,7 +4,8 @@ filled from vLLM's replay endpoint, its restarts and its connection state."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import structlog
 import zmq
@@ -17,16 +18,26 @@ from exporter.kv_events_wire import (
     parse_sequence,
     sequence_frame,
 )
-from exporter.prefix_cache import EngineResidency
+from exporter.prefix_cache import DEFAULT_MAX_BLOCKS, EngineResidency
 from exporter.state import KvEventsEndpoint, StateSink
-
-if TYPE_CHECKING:  # the collector module imports this one
-    from exporter.collectors.kv_events import KvEventsSettings, ResidencyBook
 
 log = structlog.get_logger("kvcap.kv_events")
 
 NAME = "kv_events"
 _END_OF_REPLAY = -1
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventsSettings:
+    endpoints: tuple[KvEventsEndpoint, ...] = ()
+    discover: bool = True  # also follow the endpoints other collectors report
+    max_message_bytes: int = 64 * 2**20
+    max_blocks: int = DEFAULT_MAX_BLOCKS
+    replay_timeout_s: float = 2.0
+    max_replay_batches: int = 100_000
+    connect_timeout_s: float = 5.0
+    # How often the residency is published and the engines' endpoints followed.
+    discovery_interval_s: float = 1.0
 
 
 class Subscription:
@@ -36,11 +47,11 @@ class Subscription:
         self,
         context: zmq.Context[zmq.Socket[bytes]],
         endpoint: KvEventsEndpoint,
-        book: ResidencyBook,
+        residency_of: Callable[[str], EngineResidency],
         settings: KvEventsSettings,
     ) -> None:
         self.endpoint = endpoint
-        self.book = book
+        self.residency_of = residency_of
         self.settings = settings
         self.context = context
         self.socket = context.socket(zmq.SUB)
@@ -65,7 +76,7 @@ class Subscription:
     def residency(self, rank: int | None) -> EngineResidency:
         if self.engine is None:
             self.engine = str(rank or 0)
-        return self.book.engine(self.engine)
+        return self.residency_of(self.engine)
 
     def on_monitor(self, sink: StateSink) -> None:
         event = recv_monitor_message(self.monitor)
@@ -75,7 +86,7 @@ class Subscription:
         self.connected = connected
         self.reported = True
         if self.engine is not None:
-            self.book.engine(self.engine).up = connected
+            self.residency_of(self.engine).up = connected
         if connected:
             sink.publish(NAME, self.endpoint.endpoint, ())
         else:
@@ -101,10 +112,9 @@ class Subscription:
     def _malformed(self, sink: StateSink, message: str) -> None:
         sink.reject(NAME, self.endpoint.endpoint, "malformed_batch", message)
         if self.engine is not None:
-            residency = self.book.engine(self.engine)
-            with residency.lock:
-                residency.drop("malformed_batch")
-                residency.mark_approximate("a batch could not be read")
+            residency = self.residency_of(self.engine)
+            residency.drop("malformed_batch")
+            residency.mark_approximate("a batch could not be read")
 
     def _catch_up(self, residency: EngineResidency, sequence: int) -> None:
         """Before applying batch `sequence`: handle a restart or a gap."""
@@ -120,25 +130,22 @@ class Subscription:
         if start is None:
             return
         if step is Step.GAP:
-            with residency.lock:
-                residency.gaps_total += 1
+            residency.gap()
         replayed = self._replay(start, sequence)
         for _, payload in replayed:
             try:
                 residency.apply(self.decoder.decode(payload))
             except MalformedBatch:
-                with residency.lock:
-                    residency.drop("malformed_batch")
-                    residency.mark_approximate("a replayed batch could not be read")
+                residency.drop("malformed_batch")
+                residency.mark_approximate("a replayed batch could not be read")
         # The replay is contiguous and below `sequence`: it is complete when it has all.
         if len(replayed) < sequence - start:
-            with residency.lock:
-                residency.drop("missed", sequence - start - len(replayed))
-                residency.mark_approximate(
-                    "joined the stream after its start"
-                    if step is not Step.GAP
-                    else "batches were lost (sequence gap)"
-                )
+            residency.drop("missed", sequence - start - len(replayed))
+            residency.mark_approximate(
+                "joined the stream after its start"
+                if step is not Step.GAP
+                else "batches were lost (sequence gap)"
+            )
 
     def _replay(self, start: int, before: int) -> list[tuple[int, bytes]]:
         """Batches `start` .. `before - 1` from the replay endpoint, in order; as many

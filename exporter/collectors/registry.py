@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from exporter.flags import FlagGroup
-from exporter.state import StateSink
+from exporter.state import Snapshot, StateSink, StateStore
 
 
 class Collector(Protocol):
@@ -22,6 +23,28 @@ class Collector(Protocol):
 
     def stop(self, timeout_s: float) -> None:
         """Stop and join within `timeout_s`."""
+
+
+@runtime_checkable
+class EngineFollower(Protocol):
+    """A collector whose targets come from what the others found (the kv_events collector
+    follows the publishers vLLM reports). The daemon hands it each new snapshot; it does
+    not ask the sink it writes to."""
+
+    def engines_changed(self, snapshot: Snapshot) -> None: ...
+
+
+def follow_engines(store: StateStore, collectors: Iterable[object]) -> None:
+    """Hand the store's snapshots to the collectors that follow engines, now and after
+    each change."""
+    for collector in collectors:
+        if isinstance(collector, EngineFollower):
+            collector.engines_changed(store.snapshot())
+            store.subscribe(functools.partial(_hand_over, store, collector))
+
+
+def _hand_over(store: StateStore, follower: EngineFollower) -> None:
+    follower.engines_changed(store.snapshot())
 
 
 @dataclass(frozen=True, slots=True)

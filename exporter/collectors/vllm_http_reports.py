@@ -425,7 +425,9 @@ def choose_platform(
     if not results:
         raise errors[0]
     reported = info.block_size if info else None
-    matching = [r for r in results if reported is None or r.block_size == reported] or results
+    matching = [
+        r for r in results if reported is None or r.capacity.block_size == reported
+    ] or results
     if len(matching) > 1 and info is not None and _cpu_only_labels(info, settings, memory_flag):
         matching = [r for r in matching if r.platform == CPU] or matching
     return matching[0]

@@ -108,15 +108,17 @@ def add_parser(subparsers: Any) -> Flags:
 
 def summary(exporter: Exporter, simulation: SimulatedVllm) -> str:
     plan = simulation.plan
+    capacity = plan.capacity
+    blocks = capacity.num_gpu_blocks or 0
     lines = [
         f"kvcap demo: simulated vLLM {simulation.version} at {simulation.url}",
         f"  model {simulation.served_model_name}: data-parallel {simulation.data_parallel_size}"
         f" x TP {simulation.settings.tensor_parallel_size}",
-        f"  per engine: {plan.kv_cache_size_tokens:,} tokens, {plan.max_concurrency:.2f}x "
-        f"concurrency at {plan.max_model_len:,} tokens, {plan.num_gpu_blocks:,} blocks of "
-        f"{plan.block_size}",
+        f"  per engine: {capacity.kv_cache_size_tokens:,} tokens, "
+        f"{capacity.kv_cache_max_concurrency:.2f}x concurrency at {capacity.max_model_len:,} "
+        f"tokens, {blocks:,} blocks of {capacity.block_size}",
         f"  (vLLM's cache_config_info says num_gpu_blocks="
-        f"{plan.num_gpu_blocks * len(simulation.engines)}: the sum over engines)",
+        f"{blocks * len(simulation.engines)}: the sum over engines)",
         "",
         f"scrape:  {exporter.server.url}/metrics",
         f"engines: {exporter.server.url}/engines",

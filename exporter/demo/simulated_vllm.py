@@ -31,20 +31,21 @@ def offload_tier(plan: CapacityResult, cpu_bytes: int) -> dict[str, int]:
     group takes its own chunks, a sliding-window group about its window's (the simulation's
     guess: window blocks + 1). Tokens: the best request length up to max_model_len (the
     lengths that end a chunk, and max_model_len itself)."""
-    chunk_bytes = -(-sum(plan.bytes_per_block_per_worker) // PAGE_BYTES) * PAGE_BYTES
+    chunk_bytes = -(-sum(plan.capacity.bytes_per_block_per_worker) // PAGE_BYTES) * PAGE_BYTES
     chunks = cpu_bytes // chunk_bytes
 
     def per_request(length: int) -> int:
         total = 0
-        for group in plan.groups:
+        for group in plan.capacity.groups:
             count = -(-length // group.block_size)
             if group.sliding_window is not None:
                 count = min(count, -(-group.sliding_window // group.block_size) + 1)
             total += count
         return total
 
-    longest = plan.max_model_len
-    lengths = {longest - longest % g.block_size for g in plan.groups} | {longest}
+    longest = plan.capacity.max_model_len
+    assert longest is not None  # a derivation knows every figure
+    lengths = {longest - longest % g.block_size for g in plan.capacity.groups} | {longest}
     tokens = max(chunks * n // per_request(n) for n in lengths if n > 0)
     return {
         "num_chunks": chunks,
@@ -114,7 +115,7 @@ class SimulatedVllm:
     def usage(self, engine: SimulatedEngine, now: float) -> tuple[float, int, int]:
         """(kv cache usage ratio, running requests, waiting requests) at time `now`."""
         usage = 0.45 + 0.35 * math.sin(now / 20.0 + engine.phase)
-        running = int(usage * self.plan.max_concurrency * 1.5)
+        running = int(usage * (self.plan.capacity.kv_cache_max_concurrency or 0.0) * 1.5)
         waiting = max(0, int((usage - 0.7) * 40))
         return round(usage, 4), running, waiting
 
@@ -124,7 +125,7 @@ class SimulatedVllm:
             engines = sorted(self.engines.values(), key=lambda e: e.index)
         plan = self.plan
         # The frontend sums num_gpu_blocks over its engines; capacity labels are per engine.
-        total_blocks = plan.num_gpu_blocks * len(engines)
+        total_blocks = (plan.capacity.num_gpu_blocks or 0) * len(engines)
         lines = [
             "# HELP vllm:num_requests_running Number of requests in model execution batches.",
             "# TYPE vllm:num_requests_running gauge",
@@ -161,13 +162,13 @@ class SimulatedVllm:
         s = self.settings
         for e in engines:
             labels = {
-                "block_size": str(plan.block_size),
+                "block_size": str(plan.capacity.block_size),
                 "cache_dtype": s.kv_cache_dtype,
                 "enable_prefix_caching": "True",
                 "engine": str(e.index),
                 "gpu_memory_utilization": "0.92",
-                "kv_cache_max_concurrency": repr(plan.max_concurrency),
-                "kv_cache_size_tokens": str(plan.kv_cache_size_tokens),
+                "kv_cache_max_concurrency": repr(plan.capacity.kv_cache_max_concurrency),
+                "kv_cache_size_tokens": str(plan.capacity.kv_cache_size_tokens),
                 "num_gpu_blocks": str(total_blocks),
                 "num_gpu_blocks_override": "None",
                 "sliding_window": "None",
@@ -208,7 +209,7 @@ class SimulatedVllm:
                         "owned_by": "vllm",
                         "root": self.model_path,
                         "parent": None,
-                        "max_model_len": self.plan.max_model_len,
+                        "max_model_len": self.plan.capacity.max_model_len,
                         "permission": [],
                     }
                 ],
@@ -223,7 +224,7 @@ class SimulatedVllm:
         simulation = self
         if self.kv_events and self._publishers is None:
             self._publishers = SimulatedKvEvents(
-                self.data_parallel_size, block_size=self.plan.block_size or 16
+                self.data_parallel_size, block_size=self.plan.capacity.block_size or 16
             )
             self._publishers.start()
 

@@ -13,10 +13,9 @@ from typing import Any
 import msgspec
 
 from exporter import __version__
-from exporter.exposition.prefix_cache import residency_document
 from exporter.exposition.render import ExpositionCache
-from exporter.prefix_cache import ResidencyView
-from exporter.state import EngineView, Snapshot
+from exporter.exposition.residency import residency_document
+from exporter.state import EngineView, ResidencyView, Snapshot
 from exporter.web import Handler, Request, Response
 
 _JSON = "application/json"
@@ -25,7 +24,6 @@ _JSON = "application/json"
 def build_routes(
     snapshot: Callable[[], Snapshot],
     cache: ExpositionCache,
-    residency: Callable[[], list[ResidencyView]] | None = None,
     active_flags: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Handler]:
     def metrics(request: Request) -> Response:
@@ -50,8 +48,7 @@ def build_routes(
         return Response(503, text.encode(), "text/plain; charset=utf-8")
 
     def engines(request: Request) -> Response:
-        views = residency() if residency else []
-        return Response(200, msgspec.json.encode(engines_document(snapshot(), views)), _JSON)
+        return Response(200, msgspec.json.encode(engines_document(snapshot())), _JSON)
 
     def landing(request: Request) -> Response:
         page = landing_page(snapshot(), active_flags)
@@ -74,7 +71,8 @@ def engine_document(view: EngineView, residency: ResidencyView | None = None) ->
     return document
 
 
-def engines_document(current: Snapshot, residency: Sequence[ResidencyView] = ()) -> dict[str, Any]:
+def engines_document(current: Snapshot) -> dict[str, Any]:
+    residency = current.residency
     by_engine = {r.engine: r for r in residency}
     known = {view.engine for view in current.engines}
     return {

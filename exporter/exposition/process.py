@@ -1,30 +1,31 @@
-"""The process_* series, read as prometheus_client's ProcessCollector reads them and written
-straight to text (its families and generate_latest cost more than the reads)."""
+"""The process_* families: this process's /proc read as prometheus_client's ProcessCollector
+reads it, declared as a table like every other family and read afresh on each scrape."""
 
 from __future__ import annotations
 
 import os
 import resource
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from exporter.exposition.text import header_text, sample_value
-
-_PREFIX = "process_"
-# (name, help, kind) in ProcessCollector's order.
-_STAT_FAMILIES = (
-    ("virtual_memory_bytes", "Virtual memory size in bytes.", "gauge"),
-    ("resident_memory_bytes", "Resident memory size in bytes.", "gauge"),
-    ("start_time_seconds", "Start time of the process since unix epoch in seconds.", "gauge"),
-    ("cpu_seconds", "Total user and system CPU time spent in seconds.", "counter"),
-)
-_FD_FAMILIES = (
-    ("open_fds", "Number of open file descriptors.", "gauge"),
-    ("max_fds", "Maximum number of open file descriptors.", "gauge"),
-)
+from exporter.exposition.columns import Column, Table
 
 
-class ProcessText:
-    """The process_* families of one process (this one by default), as text per scrape."""
+@dataclass(frozen=True, slots=True)
+class ProcessReading:
+    """One reading of a process; None where /proc could not be read (the family is then
+    left out, as ProcessCollector leaves it out)."""
+
+    virtual_memory_bytes: float | None = None
+    resident_memory_bytes: float | None = None
+    start_time_seconds: float | None = None
+    cpu_seconds: float | None = None
+    open_fds: float | None = None
+    max_fds: float | None = None
+
+
+class ProcessReader:
+    """Reads one process (this one by default) from /proc."""
 
     def __init__(self, pid: Callable[[], int | str] = lambda: "self", proc: str = "/proc"):
         self._pid = pid
@@ -32,44 +33,77 @@ class ProcessText:
         self._ticks = float(os.sysconf("SC_CLK_TCK"))
         self._pagesize = resource.getpagesize()
         self._btime = _boot_time(proc)
-        self._headers = {
-            openmetrics: {
-                name: header_text(_PREFIX + name, help_text, kind, openmetrics=openmetrics)
-                for name, help_text, kind in (*_STAT_FAMILIES, *_FD_FAMILIES)
-            }
-            for openmetrics in (False, True)
-        }
 
-    def text(self, openmetrics: bool) -> str:
-        """Nothing where /proc cannot be read, as ProcessCollector yields nothing there."""
+    def rows(self) -> list[ProcessReading]:
+        """The reading, or none where /proc cannot be read at all."""
         if not self._btime:
-            return ""
+            return []
         pid = os.path.join(self._proc, str(self._pid()).strip())
-        headers = self._headers[openmetrics]
-        lines = []
+        stat: dict[str, float] = {}
         try:
-            with open(os.path.join(pid, "stat"), "rb") as stat:
-                parts = stat.read().split(b")")[-1].split()
+            with open(os.path.join(pid, "stat"), "rb") as file:
+                parts = file.read().split(b")")[-1].split()
             utime, stime = float(parts[11]) / self._ticks, float(parts[12]) / self._ticks
-            values = (
-                float(parts[20]),
-                float(parts[21]) * self._pagesize,
-                float(parts[19]) / self._ticks + self._btime,
-                utime + stime,
-            )
-            for (name, _, kind), value in zip(_STAT_FAMILIES, values, strict=True):
-                shown = _PREFIX + name + ("_total" if kind == "counter" else "")
-                lines.append(f"{headers[name]}{shown} {sample_value(value)}\n")
+            stat = {
+                "virtual_memory_bytes": float(parts[20]),
+                "resident_memory_bytes": float(parts[21]) * self._pagesize,
+                "start_time_seconds": float(parts[19]) / self._ticks + self._btime,
+                "cpu_seconds": utime + stime,
+            }
         except OSError:
             pass
+        fds: dict[str, float] = {}
         try:
             max_fds = _max_fds(os.path.join(pid, "limits"))
-            open_fds = len(os.listdir(os.path.join(pid, "fd")))
-            for name, value in (("open_fds", open_fds), ("max_fds", max_fds)):
-                lines.append(f"{headers[name]}{_PREFIX}{name} {sample_value(value)}\n")
+            fds = {"open_fds": len(os.listdir(os.path.join(pid, "fd"))), "max_fds": max_fds}
         except OSError:
             pass
-        return "".join(lines)
+        return [ProcessReading(**stat, **fds)]
+
+
+PROCESS: Table[ProcessReading] = Table(
+    (),
+    lambda _: (),
+    (
+        Column(
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes.",
+            lambda r: r.virtual_memory_bytes,
+            live=True,
+        ),
+        Column(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+            lambda r: r.resident_memory_bytes,
+            live=True,
+        ),
+        Column(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            lambda r: r.start_time_seconds,
+            live=True,
+        ),
+        Column(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds.",
+            lambda r: r.cpu_seconds,
+            kind="counter",
+            live=True,
+        ),
+        Column(
+            "process_open_fds",
+            "Number of open file descriptors.",
+            lambda r: r.open_fds,
+            live=True,
+        ),
+        Column(
+            "process_max_fds",
+            "Maximum number of open file descriptors.",
+            lambda r: r.max_fds,
+            live=True,
+        ),
+    ),
+)
 
 
 def _boot_time(proc: str) -> float:

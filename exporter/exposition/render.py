@@ -9,9 +9,8 @@ only engines whose key changed, and the kept part, its gzip chunk and its CRC-32
 whole while no engine changed. The live part is rendered anew: a few hundred lines. That
 render runs when the snapshot is made (`prepare`, on the collector's thread), so a scrape
 only joins ready bytes. Gzip bodies are those chunks joined (raw deflate blocks that end on
-a byte boundary, RFC 1951) in one gzip member. The process_* series, the prefix-cache
-residency (it changes with every KV event batch) and the HTTP server's counters are
-collected per scrape from prometheus_client collectors and written by `families_text`.
+a byte boundary, RFC 1951) in one gzip member. The process_* series and the HTTP server's
+counters are tables too, whose rows are read on each scrape (`ScrapeTable`).
 Output is byte-identical to what prometheus_client renders for the same families
 (tests/exposition/test_render.py).
 """
@@ -23,16 +22,14 @@ import threading
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import structlog
-from prometheus_client.core import Metric
 
 from exporter.exposition import tables
-from exporter.exposition.process import ProcessText
-from exporter.exposition.tables import Column, EngineRow, Table, engine_rows
+from exporter.exposition.columns import Column, ScrapeTable, Table
+from exporter.exposition.tables import EngineRow, engine_rows
 from exporter.exposition.text import (
-    families_text,
     header,
     label_order,
     sample_name,
@@ -72,22 +69,30 @@ class _Family:
     order: tuple[int, ...]
     sample_name: str
     headers: tuple[bytes, bytes]  # (0.0.4 text, OpenMetrics)
+    # A histogram's `le` values (+Inf last) and its bucket samples' label order.
+    les: tuple[str, ...] = ()
+    bucket_order: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, table: Table[Any], column: Column[Any]) -> _Family:
         texts = tuple(
             header(column.name, column.help, column.kind, openmetrics=om) for om in (False, True)
         )
+        labels = (*table.labels, *column.extra_labels)
         return cls(
             column,
             table,
-            (*table.labels, *column.extra_labels),
-            label_order((*table.labels, *column.extra_labels)),
+            labels,
+            label_order(labels),
             sample_name(column.name, column.kind),
             (texts[0], texts[1]),
+            (*map(repr, column.bounds), "+Inf"),
+            label_order((*labels, "le")),
         )
 
     def line(self, row: object) -> str:
+        if self.column.observations is not None:
+            return self.histogram_lines(row)
         value = self.column.value(row)
         if value is None:
             return ""
@@ -99,6 +104,23 @@ class _Family:
 
     def lines(self, rows: Iterable[object]) -> bytes:
         return "".join(self.line(row) for row in rows).encode()
+
+    def histogram_lines(self, row: object) -> str:
+        """`_bucket` lines (cumulative, as prometheus_client's HistogramMetricFamily writes
+        them), then `_count` and `_sum`."""
+        assert self.column.observations is not None
+        counts, total_s = self.column.observations(row)
+        values = (*self.table.ids(row), *self.column.extra(row))
+        bucket, labels = self.sample_name + "_bucket", (*self.labels, "le")
+        lines, running = [], 0
+        for le, count in zip(self.les, counts, strict=True):
+            running += count
+            prefix = sample_prefix(bucket, labels, (*values, le), self.bucket_order)
+            lines.append(f"{prefix}{sample_value(float(running))}\n")
+        for suffix, value in (("_count", float(running)), ("_sum", total_s)):
+            prefix = sample_prefix(self.sample_name + suffix, self.labels, values, self.order)
+            lines.append(f"{prefix}{sample_value(value)}\n")
+        return "".join(lines)
 
 
 _FAMILIES = [_Family.of(placed.table, placed.column) for placed in tables.LAYOUT]
@@ -190,6 +212,8 @@ class Renderer:
 
     def __init__(self) -> None:
         self._kept = _Kept()
+        # Per residency family: engine -> (its record, its samples).
+        self._records: dict[int, dict[str, tuple[object, bytes]]] = {}
 
     def render(self, snapshot: Snapshot) -> tuple[_Block, _Block]:
         """The kept block (often the last one, unchanged) and the live block."""
@@ -204,10 +228,27 @@ class Renderer:
             if index in _LIVE_PER_ENGINE:
                 position = _LIVE_PER_ENGINE.index(index)
                 live.append(_live_engine_lines(position, index, rows, engines))
+            elif tables.LAYOUT[index].per_residency is not None:
+                live.append(self._residency_lines(index, snapshot))
             else:
                 family, placed = _FAMILIES[index], tables.LAYOUT[index]
                 live.append(family.lines(placed.rows(snapshot, rows)))
         return self._kept.block, _Block([_FAMILIES[i] for i in _LIVE], live, _LIVE_LEVEL)
+
+    def _residency_lines(self, index: int, snapshot: Snapshot) -> bytes:
+        """One family's samples of every residency record, each record's bytes kept while
+        the collector has not replaced the record (an idle engine costs a lookup)."""
+        rows_of = tables.LAYOUT[index].per_residency
+        assert rows_of is not None
+        kept = self._records.get(index, {})
+        found: dict[str, tuple[object, bytes]] = {}
+        for record in snapshot.residency:
+            last = kept.get(record.engine)
+            if last is None or last[0] is not record:
+                last = (record, _FAMILIES[index].lines(rows_of(record)))
+            found[record.engine] = last
+        self._records[index] = found
+        return b"".join(samples for _, samples in found.values())
 
     def _kept_samples(
         self, snapshot: Snapshot, rows: Sequence[EngineRow], engines: list[_EngineBytes]
@@ -282,62 +323,45 @@ def wants_gzip(accept_encoding: str | None) -> bool:
     return any(part.split(";")[0].strip() == "gzip" for part in accept_encoding.split(","))
 
 
-class Collector(Protocol):
-    """prometheus_client's collector protocol: fresh families on each call."""
+class _PerScrape:
+    """The families of the scrape tables, written on each scrape; a versioned table's
+    bytes are kept while its version stands. A family without samples is left out, as
+    prometheus_client's collectors leave out what they cannot read."""
 
-    def collect(self) -> Iterable[Metric]: ...
+    def __init__(self, tables: Sequence[ScrapeTable[Any]]) -> None:
+        self._tables = [
+            (scrape, [_Family.of(scrape.table, column) for column in scrape.table.columns])
+            for scrape in tables
+        ]
+        # position -> (version, openmetrics) -> bytes
+        self._kept: dict[int, tuple[int, dict[bool, bytes]]] = {}
 
-
-@runtime_checkable
-class VersionedCollector(Collector, Protocol):
-    """A collector whose `version` changes whenever its families do."""
-
-    @property
-    def version(self) -> int: ...
-
-
-@runtime_checkable
-class TextSource(Protocol):
-    """Families that write their own text per scrape (kept lines of what did not change)."""
-
-    def text(self, openmetrics: bool) -> str: ...
-
-
-class _Versioned:
-    """The text of a versioned collector, collected again only when its version moved."""
-
-    def __init__(self, collector: VersionedCollector) -> None:
-        self._collector = collector
-        self._texts: dict[bool, tuple[int, str]] = {}
-
-    def text(self, openmetrics: bool) -> str:
-        # Read before collecting: a change during collect() shows as a new version next
-        # time, so a kept text is never older than its version.
-        version = self._collector.version
-        kept = self._texts.get(openmetrics)
-        if kept is None or kept[0] != version:
-            kept = (version, families_text(self._collector.collect(), openmetrics=openmetrics))
-            self._texts[openmetrics] = kept
-        return kept[1]
-
-
-class _Collected:
-    """The text of a plain prometheus_client collector, collected on every scrape."""
-
-    def __init__(self, collector: Collector) -> None:
-        self._collector = collector
-
-    def text(self, openmetrics: bool) -> str:
-        return families_text(self._collector.collect(), openmetrics=openmetrics)
-
-
-def _text_source(source: Collector | TextSource) -> TextSource:
-    # Decided once: isinstance of a protocol is too slow to ask on every scrape.
-    if isinstance(source, TextSource):
-        return source
-    if isinstance(source, VersionedCollector):
-        return _Versioned(source)
-    return _Collected(source)
+    def text(self, openmetrics: bool) -> bytes:
+        fmt = 1 if openmetrics else 0
+        parts = []
+        for position, (scrape, families) in enumerate(self._tables):
+            # Read before the rows: a change meanwhile shows as a new version next time,
+            # so kept bytes are never older than their version.
+            version = scrape.version() if scrape.version is not None else None
+            kept = self._kept.get(position)
+            if version is not None and kept is not None and kept[0] == version:
+                found = kept[1].get(openmetrics)
+                if found is not None:
+                    parts.append(found)
+                    continue
+            rows = scrape.rows()
+            samples = [family.lines(rows) for family in families]
+            text = b"".join(
+                family.headers[fmt] + lines
+                for family, lines in zip(families, samples, strict=True)
+                if lines
+            )
+            if version is not None:
+                texts = kept[1] if kept is not None and kept[0] == version else {}
+                texts[openmetrics] = text
+                self._kept[position] = (version, texts)
+            parts.append(text)
+        return b"".join(parts)
 
 
 class ExpositionCache:
@@ -348,8 +372,7 @@ class ExpositionCache:
         self,
         snapshot: Callable[[], Snapshot],
         *,
-        process_metrics: bool = True,
-        per_scrape: Sequence[Collector | TextSource] = (),
+        per_scrape: Sequence[ScrapeTable[Any]] = (),
     ) -> None:
         self._snapshot = snapshot
         self._lock = threading.Lock()
@@ -358,15 +381,14 @@ class ExpositionCache:
         self._render_failing = False
         # CRC-32 of the kept block's plain text, per format, while that block lasts.
         self._kept_crcs: tuple[_Block | None, dict[bool, int]] = (None, {})
-        # Families read afresh on every scrape (the HTTP server's counters, prefix-cache
-        # residency, process_*), appended in this order.
-        process = [ProcessText()] if process_metrics else []
-        self._per_scrape = [*map(_text_source, per_scrape), *process]
+        # Families read afresh on every scrape (the HTTP server's counters, process_*),
+        # appended in this order.
+        self._per_scrape = _PerScrape(per_scrape)
 
     def body(self, *, accept: str | None = None, accept_encoding: str | None = None) -> Body:
         rendered = self._current()
         openmetrics = wants_openmetrics(accept)
-        tail = "".join(source.text(openmetrics) for source in self._per_scrape).encode()
+        tail = self._per_scrape.text(openmetrics)
         if openmetrics:
             tail += _EOF
         content_type = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE

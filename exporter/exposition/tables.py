@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from dataclasses import dataclass, fields
+from operator import attrgetter
+from typing import Any
 
 from exporter import __version__
 from exporter.capacity import GroupCapacity
+from exporter.exposition.columns import Column, Table, label
+from exporter.exposition.residency import RESIDENCY_TABLES
 from exporter.state import (
     CollectorStatus,
     EngineGpu,
@@ -21,56 +24,18 @@ from exporter.state import (
     GpuProcessMemory,
     GpuReport,
     OffloadTier,
+    ResidencyView,
     Snapshot,
 )
 
-Row = TypeVar("Row")
 ENGINE_LABELS = ("engine", "model_name")
 CAPACITY_MODEL = "vllm-0.33"
 
 
-def label(value: object) -> str:
-    """A label value as kvcap writes it: '' for unknown, true/false, repr of floats."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
-
-
-def _no_labels(row: object) -> tuple[str, ...]:
-    return ()
-
-
-def _one(row: object) -> float:
-    return 1
-
-
-@dataclass(frozen=True, slots=True)
-class Column(Generic[Row]):
-    """One family: a sample per row where `value` is not None."""
-
-    name: str
-    help: str
-    value: Callable[[Row], float | None] = _one
-    # Labels of this family after the table's own, and their values for a row.
-    extra_labels: tuple[str, ...] = ()
-    extra: Callable[[Row], tuple[str, ...]] = _no_labels
-    kind: Literal["gauge", "counter"] = "gauge"
-    # Changes with every read (usage, timestamps, staleness): rendered on every change of
-    # the state, never cached.
-    live: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Table(Generic[Row]):
-    """The families of one entity: the entity's labels, its rows, one column per family."""
-
-    labels: tuple[str, ...]
-    ids: Callable[[Row], tuple[str, ...]]
-    columns: tuple[Column[Row], ...]
+# The view's fields only live columns read (used tokens, staleness, last update): they
+# change with every poll, and the kept bytes must not depend on them.
+LIVE_VIEW_FIELDS = ("usage", "stale", "updated_at_s")
+_STATIC_FIELDS = attrgetter(*(f.name for f in fields(EngineView) if f.name not in LIVE_VIEW_FIELDS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,23 +48,10 @@ class EngineRow:
 
     @property
     def static_key(self) -> tuple[object, ...]:
-        """What every non-live engine family reads: equal keys render equal bytes."""
-        v = self.view
-        return (
-            v.engine,
-            v.model_name,
-            v.instance_id,
-            v.vllm_version,
-            v.collectors,
-            v.capacity_source,
-            v.derived_kv_cache_size_tokens,
-            v.derivation_error,
-            v.capacity_mismatch,
-            v.capacity,
-            self.gpus,
-            v.settings_warnings,
-            v.offload,
-        )
+        """What every non-live engine family reads: equal keys render equal bytes. Every
+        field of the view but those only live columns read, so a new field is in the key
+        (and its families re-rendered when it changes) without a word here."""
+        return (_STATIC_FIELDS(self.view), self.gpus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,7 +380,7 @@ COLLECTOR: Table[tuple[str, bool]] = Table(
     lambda c: (c[0],),
     (
         Column(
-            "kvcap_scrape_collector_success",
+            "kvcap_collector_all_targets_up",
             "1 when every target of the collector succeeded on its last read.",
             lambda c: 1 if c[1] else 0,
             live=True,
@@ -554,24 +506,36 @@ class Placed:
     column: Column[Any]
     per_engine: Callable[[EngineRow], Iterable[Any]] | None = None
     per_snapshot: Callable[[Snapshot], Iterable[Any]] | None = None
+    # Rows of one engine's residency record (the renderer keeps each record's bytes).
+    per_residency: Callable[[ResidencyView], Iterable[Any]] | None = None
 
     def rows(self, snapshot: Snapshot, engines: Sequence[EngineRow]) -> Iterable[Any]:
         if self.per_engine is not None:
             return [row for engine in engines for row in self.per_engine(engine)]
+        if self.per_residency is not None:
+            return [row for record in snapshot.residency for row in self.per_residency(record)]
         assert self.per_snapshot is not None
         return self.per_snapshot(snapshot)
 
 
 def _layout() -> tuple[Placed, ...]:
-    placed = [
-        Placed(table, column, per_engine=rows)
-        for table, rows in ENGINE_TABLES
-        for column in table.columns
-    ] + [
-        Placed(table, column, per_snapshot=rows)
-        for table, rows in SNAPSHOT_TABLES
-        for column in table.columns
-    ]
+    placed = (
+        [
+            Placed(table, column, per_engine=rows)
+            for table, rows in ENGINE_TABLES
+            for column in table.columns
+        ]
+        + [
+            Placed(table, column, per_snapshot=rows)
+            for table, rows in SNAPSHOT_TABLES
+            for column in table.columns
+        ]
+        + [
+            Placed(table, column, per_residency=record_rows)
+            for table, record_rows in RESIDENCY_TABLES
+            for column in table.columns
+        ]
+    )
     return tuple(sorted(placed, key=lambda p: p.column.live))
 
 

@@ -6,9 +6,8 @@ by name, values as Go formats floats); only the HELP/TYPE headers of a family di
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString
 
 # Integers below 2**53 are exact as floats: their repr is their digits and ".0".
@@ -60,30 +59,6 @@ def header_text(name: str, help_text: str, kind: str, *, openmetrics: bool) -> s
     shown = f"{name}_total" if kind == "counter" else name
     escaped = help_text.replace("\\", r"\\").replace("\n", r"\n")
     return f"# HELP {shown} {escaped}\n# TYPE {shown} {kind}\n"
-
-
-def families_text(families: Iterable[Metric], *, openmetrics: bool) -> str:
-    """prometheus_client families as its generate_latest writes them, at a fraction of the
-    cost: gauges, counters and histograms whose samples carry no timestamp, exemplar or
-    `_created` (what kvcap's per-scrape collectors yield)."""
-    return "".join(
-        header_text(family.name, family.documentation, family.type, openmetrics=openmetrics)
-        + samples_text(family)
-        for family in families
-    )
-
-
-def samples_text(family: Metric) -> str:
-    """The sample lines of one family, the same in both formats."""
-    lines = []
-    for sample in family.samples:
-        labels = sample.labels
-        if labels:
-            pairs = ",".join(f'{k}="{escape_label_value(labels[k])}"' for k in sorted(labels))
-            lines.append(f"{sample.name}{{{pairs}}} {sample_value(sample.value)}\n")
-        else:
-            lines.append(f"{sample.name} {sample_value(sample.value)}\n")
-    return "".join(lines)
 
 
 def sample_name(name: str, kind: str) -> str:

@@ -4,14 +4,10 @@ from exporter.prefix_cache.residency import (
     DEFAULT_MAX_BLOCKS,
     LIFETIME_BUCKETS_S,
     EngineResidency,
-    PoolView,
-    ResidencyView,
 )
 
 __all__ = [
     "DEFAULT_MAX_BLOCKS",
     "LIFETIME_BUCKETS_S",
     "EngineResidency",
-    "PoolView",
-    "ResidencyView",
 ]

@@ -1,14 +1,15 @@
-"""What each engine's prefix cache holds, rebuilt from its KV events (pure, no I/O).
+"""What each engine's prefix cache holds, rebuilt from its KV events (no I/O, no locks).
 
 Per engine, KV cache group and medium: the resident block hashes, each with the engine
 time it was stored, so a removal yields the block's lifetime. A set never holds more
 blocks than the engine's pool (`num_gpu_blocks`): beyond that the oldest are pruned and
 the residency is marked approximate, so a wrong stream cannot grow memory without bound.
+The sets are mutable and belong to the kv_events collector's thread alone; what others
+see is the immutable `ResidencyView` that `view()` returns and the collector publishes.
 """
 
 from __future__ import annotations
 
-import threading
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import islice
@@ -21,6 +22,7 @@ from exporter.kv_events_wire import (
     RemovedEvent,
     StoredEvent,
 )
+from exporter.state import PoolView, ResidencyView
 
 DEFAULT_MEDIUM: Final = "GPU"  # releases before 0.10.2 name no medium: their blocks are GPU blocks
 # Media per engine kvcap tracks; vLLM has three (GPU, CPU, STORAGE). A stream naming more
@@ -73,38 +75,9 @@ class BlockPool:
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
 
 
-@dataclass(frozen=True, slots=True)
-class PoolView:
-    group: int
-    medium: str
-    resident_blocks: int
-    block_size: int | None
-    kind: str | None
-    stored_total: int
-    removed_total: int
-    lifetime_counts: tuple[int, ...]
-    lifetime_sum_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class ResidencyView:
-    """One consistent reading of an engine's residency (taken under its lock)."""
-
-    engine: str
-    pools: tuple[PoolView, ...]
-    pool_blocks: int | None
-    approximate: bool
-    approximate_reason: str | None
-    cleared_total: int
-    events_received_total: int
-    dropped_total: dict[str, int]
-    gaps_total: int
-    up: bool
-
-
 class EngineResidency:
-    """The residency of one engine. `apply` runs on the collector's thread, `view` on the
-    scrape thread: both take the lock, so a scrape sees whole batches only."""
+    """The residency of one engine, changed by its KV event batches. `changed`: something
+    moved since the last `view()`."""
 
     def __init__(self, engine: str, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
         self.engine = engine
@@ -116,8 +89,24 @@ class EngineResidency:
         self.events_received_total = 0
         self.dropped_total: dict[str, int] = {}
         self.gaps_total = 0
-        self.up = False
-        self.lock = threading.Lock()
+        self._up = False
+        self.changed = True
+
+    @property
+    def up(self) -> bool:
+        """Connected to the engine's publisher."""
+        return self._up
+
+    @up.setter
+    def up(self, connected: bool) -> None:
+        self.changed = self.changed or connected != self._up
+        self._up = connected
+
+    def set_pool_blocks(self, blocks: int | None) -> None:
+        """The engine's pool size (num_gpu_blocks), where the engine state knows it."""
+        if blocks != self.pool_blocks:
+            self.pool_blocks = blocks
+            self.changed = True
 
     @property
     def bound(self) -> int:
@@ -126,21 +115,21 @@ class EngineResidency:
     def apply(self, batch: DecodedBatch) -> None:
         """Apply one decoded batch (the caller has checked its sequence number)."""
         ts = batch.ts
-        with self.lock:
-            self.events_received_total += len(batch.events) + batch.rejected
-            if batch.rejected:
-                self.drop("rejected", batch.rejected)
-            for event in batch.events:
-                # The hot loop (one event per evicted block): dispatch on the exact type.
-                if type(event) in REMOVED_TYPES:
-                    self._remove(event, ts)  # type: ignore[arg-type]
-                elif type(event) in STORED_TYPES:
-                    self._store(event, ts)  # type: ignore[arg-type]
-                else:
-                    self._clear_locked()
-                    self.cleared_total += 1
-                    # A clear empties the engine's cache: from here on the sets are exact.
-                    self.approximate_reason = None
+        self.changed = True
+        self.events_received_total += len(batch.events) + batch.rejected
+        if batch.rejected:
+            self.drop("rejected", batch.rejected)
+        for event in batch.events:
+            # The hot loop (one event per evicted block): dispatch on the exact type.
+            if type(event) in REMOVED_TYPES:
+                self._remove(event, ts)  # type: ignore[arg-type]
+            elif type(event) in STORED_TYPES:
+                self._store(event, ts)  # type: ignore[arg-type]
+            else:
+                self._clear()
+                self.cleared_total += 1
+                # A clear empties the engine's cache: from here on the sets are exact.
+                self.approximate_reason = None
 
     def _pool(self, group: int | None, medium: str | None) -> BlockPool | None:
         key = (group or 0, medium or DEFAULT_MEDIUM)
@@ -205,12 +194,19 @@ class EngineResidency:
 
     def drop(self, reason: str, count: int = 1) -> None:
         self.dropped_total[reason] = self.dropped_total.get(reason, 0) + count
+        self.changed = True
+
+    def gap(self) -> None:
+        """A sequence gap in the publisher's stream."""
+        self.gaps_total += 1
+        self.changed = True
 
     def mark_approximate(self, reason: str) -> None:
         if self.approximate_reason is None:
             self.approximate_reason = reason
+            self.changed = True
 
-    def _clear_locked(self) -> None:
+    def _clear(self) -> None:
         for pool in self.pools.values():
             pool.removed_total += len(pool.blocks)
             pool.blocks.clear()
@@ -218,36 +214,37 @@ class EngineResidency:
     def reset(self, reason: str | None = None) -> None:
         """The engine restarted (new instance, sequence from zero): nothing it cached
         survives. `reason`: why what follows is approximate, None when it is exact."""
-        with self.lock:
-            self._clear_locked()
-            self.cleared_total += 1
-            self.approximate_reason = reason
+        self._clear()
+        self.cleared_total += 1
+        self.approximate_reason = reason
+        self.changed = True
 
     def view(self) -> ResidencyView:
-        with self.lock:
-            pools = tuple(
-                PoolView(
-                    group=group,
-                    medium=medium,
-                    resident_blocks=len(pool.blocks),
-                    block_size=pool.block_size,
-                    kind=pool.kind,
-                    stored_total=pool.stored_total,
-                    removed_total=pool.removed_total,
-                    lifetime_counts=tuple(pool.lifetimes.counts),
-                    lifetime_sum_s=pool.lifetimes.sum_s,
-                )
-                for (group, medium), pool in sorted(self.pools.items())
+        """An immutable copy of what the residency holds now."""
+        self.changed = False
+        pools = tuple(
+            PoolView(
+                group=group,
+                medium=medium,
+                resident_blocks=len(pool.blocks),
+                block_size=pool.block_size,
+                kind=pool.kind,
+                stored_total=pool.stored_total,
+                removed_total=pool.removed_total,
+                lifetime_counts=tuple(pool.lifetimes.counts),
+                lifetime_sum_s=pool.lifetimes.sum_s,
             )
-            return ResidencyView(
-                engine=self.engine,
-                pools=pools,
-                pool_blocks=self.pool_blocks,
-                approximate=self.approximate_reason is not None,
-                approximate_reason=self.approximate_reason,
-                cleared_total=self.cleared_total,
-                events_received_total=self.events_received_total,
-                dropped_total=dict(self.dropped_total),
-                gaps_total=self.gaps_total,
-                up=self.up,
-            )
+            for (group, medium), pool in sorted(self.pools.items())
+        )
+        return ResidencyView(
+            engine=self.engine,
+            pools=pools,
+            pool_blocks=self.pool_blocks,
+            approximate=self.approximate_reason is not None,
+            approximate_reason=self.approximate_reason,
+            cleared_total=self.cleared_total,
+            events_received_total=self.events_received_total,
+            dropped_total=dict(self.dropped_total),
+            gaps_total=self.gaps_total,
+            up=self._up,
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from exporter.capacity import EngineCapacity
@@ -75,7 +76,7 @@ class EngineReport:
     model_name: str
     instance_id: str | None = None
     vllm_version: str | None = None
-    # The vLLM platform the engine runs on ("cuda", "cpu"), when a source knows it.
+    # The vLLM platform the engine runs on ("cuda", "cpu"), when a collector knows it.
     platform: str | None = None
     # The start-up line(s) the engine's release prints, by the capacity model, and why
     # their token figure differs from the capacity where it does (old releases).
@@ -122,3 +123,35 @@ class GpuReport:
     # Position in the engines' CUDA_VISIBLE_DEVICES order (vLLM's logical device index);
     # None: the GPU's position in the published list.
     visible_index: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """What one KV cache group and medium of an engine's prefix cache holds (KV events)."""
+
+    group: int
+    medium: str
+    resident_blocks: int
+    block_size: int | None
+    kind: str | None
+    stored_total: int
+    removed_total: int
+    lifetime_counts: tuple[int, ...]  # per bucket of LIFETIME_BUCKETS_S, then +Inf
+    lifetime_sum_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencyView:
+    """One engine's prefix-cache residency as the kv_events collector last published it:
+    whole batches only, replaced (never changed) when the engine's stream moves."""
+
+    engine: str
+    pools: tuple[PoolView, ...]
+    pool_blocks: int | None
+    approximate: bool
+    approximate_reason: str | None
+    cleared_total: int
+    events_received_total: int
+    dropped_total: Mapping[str, int]
+    gaps_total: int
+    up: bool

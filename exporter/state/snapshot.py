@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
+from typing import Any
 
-from exporter.capacity import EngineCapacity, merge_capacities
+from exporter.capacity import NO_CAPACITY, EngineCapacity, merge_capacities
+from exporter.merging import first_known
 from exporter.state.records import (
     EngineReport,
     GpuReport,
-    KvEventsEndpoint,
-    KvUsage,
-    OffloadTier,
+    ResidencyView,
     SettingsMismatch,
 )
 
@@ -30,33 +31,19 @@ class CollectorStatus:
 
 
 @dataclass(frozen=True, slots=True)
-class EngineView:
-    """Everything known about one engine, merged over collectors. Values are per engine."""
+class EngineView(EngineReport):
+    """Everything known about one engine: the reports of every collector merged field by
+    field (the best collector's known value first), with their freshness and the capacity
+    exported. Values are per engine."""
 
-    engine: str
-    model_name: str
-    instance_id: str | None
-    vllm_version: str | None
-    collectors: tuple[str, ...]
-    stale: bool
-    updated_at_s: float
+    collectors: tuple[str, ...] = ()
+    stale: bool = False
+    updated_at_s: float = 0.0
     # The capacity exported: vLLM's reported figures first, derived ones fill the gaps.
-    capacity: EngineCapacity
-    capacity_source: str | None  # whose token count: "reported" | "derived" | None
-    derived_kv_cache_size_tokens: int | None
-    derivation_error: str | None
-    capacity_mismatch: bool | None
-    usage: KvUsage | None
-    world_size: int | None = None
-    local_rank: int | None = None
-    devices: tuple[str, ...] = ()
-    platform: str | None = None
-    log_lines: tuple[str, ...] = ()
-    log_note: str | None = None
-    kv_events: KvEventsEndpoint | None = None
-    # Told settings the engine contradicts (kvcap_engine_settings_mismatch, /engines).
-    settings_warnings: tuple[SettingsMismatch, ...] = ()
-    offload: tuple[OffloadTier, ...] = ()  # KV offload tiers (kvcap_kv_offload_capacity_*)
+    capacity: EngineCapacity = NO_CAPACITY
+    capacity_source: str | None = None  # whose token count: "reported" | "derived" | None
+    derived_kv_cache_size_tokens: int | None = None
+    capacity_mismatch: bool | None = None
 
     @property
     def approximate(self) -> bool:
@@ -106,6 +93,10 @@ class Snapshot:
     # Which GPU each engine worker uses, and the tokens its free memory would add.
     engine_gpus: tuple[EngineGpu, ...] = ()
     headroom_tokens: Mapping[str, int] = field(default_factory=dict)
+    # Each engine's prefix-cache residency (kv_events), in engine order.
+    residency: tuple[ResidencyView, ...] = ()
+    # Restarts of each engine the state noticed (a new instance): the one count of them.
+    restarts: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
@@ -125,10 +116,15 @@ class Sighting:
     stale: bool
 
 
+_REPORT_FIELD_NAMES = tuple(f.name for f in fields(EngineReport))
+_REPORT_FIELDS: Any = attrgetter(*_REPORT_FIELD_NAMES)
+
+
 def merge_engine(sightings: Sequence[Sighting]) -> EngineView:
     """Merge what every collector says about one engine; `sightings` best collector first.
 
-    Each figure is the first known one: reported figures of every collector, then derived.
+    Each field is the first known one (exporter/merging.py); capacity figures: reported
+    figures of every collector, then derived.
     """
     reports = [sighting.report for sighting in sightings]
     reported = merge_capacities([r.reported for r in reports])
@@ -138,31 +134,24 @@ def merge_engine(sightings: Sequence[Sighting]) -> EngineView:
     capacity_source = "reported" if tokens is not None else None
     if capacity_source is None and derived_tokens is not None:
         capacity_source = "derived"
-    first = reports[0]
+    merged = first_known(reports)
+    values = dict(zip(_REPORT_FIELD_NAMES, _REPORT_FIELDS(merged), strict=True))
+    values.update(
+        reported=reported,
+        derived=derived,
+        # An engine's workers: where no collector counts them, its per-worker block sizes.
+        world_size=merged.world_size or len(capacity.bytes_per_block_per_worker) or None,
+        settings_warnings=_settings_warnings(sightings),
+    )
     return EngineView(
-        engine=first.engine,
-        model_name=next((r.model_name for r in reports if r.model_name), ""),
-        instance_id=next((r.instance_id for r in reports if r.instance_id), None),
-        vllm_version=next((r.vllm_version for r in reports if r.vllm_version), None),
+        **values,
         collectors=tuple(dict.fromkeys(s.collector for s in sightings)),
         stale=all(s.stale for s in sightings),
         updated_at_s=max(s.received_at_s for s in sightings),
         capacity=capacity,
         capacity_source=capacity_source,
         derived_kv_cache_size_tokens=derived_tokens,
-        derivation_error=next((r.derivation_error for r in reports if r.derivation_error), None),
         capacity_mismatch=_mismatch(tokens, derived_tokens),
-        usage=next((r.usage for r in reports if r.usage is not None), None),
-        world_size=next((r.world_size for r in reports if r.world_size), None)
-        or (len(capacity.bytes_per_block_per_worker) or None),
-        local_rank=next((r.local_rank for r in reports if r.local_rank is not None), None),
-        devices=next((r.devices for r in reports if r.devices), ()),
-        platform=next((r.platform for r in reports if r.platform), None),
-        log_lines=next((r.log_lines for r in reports if r.log_lines), ()),
-        log_note=next((r.log_note for r in reports if r.log_note), None),
-        kv_events=next((r.kv_events for r in reports if r.kv_events), None),
-        settings_warnings=_settings_warnings(sightings),
-        offload=next((r.offload for r in reports if r.offload), ()),
     )
 
 

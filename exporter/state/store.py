@@ -12,7 +12,7 @@ from typing import Protocol
 import structlog
 
 from exporter.state.gpus import headroom_tokens, map_engine_gpus
-from exporter.state.records import EngineReport, GpuReport, engine_sort_key
+from exporter.state.records import EngineReport, GpuReport, ResidencyView, engine_sort_key
 from exporter.state.snapshot import (
     EMPTY,
     CollectorStatus,
@@ -73,6 +73,8 @@ class StateSink(Protocol):
         duration_s: float | None = None,
     ) -> None: ...
 
+    def publish_residency(self, collector: str, residency: Sequence[ResidencyView]) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class _Heard:
@@ -114,6 +116,8 @@ class StateStore:
         # The last instance id of each engine that vanished: one that comes back as a new
         # instance (after a forget window or a bye) is logged as restarted, not added.
         self._departed: dict[str, str] = {}
+        self._restarts: dict[str, int] = {}
+        self._residency: dict[str, ResidencyView] = {}
         self._version = 0
         self._snapshot = EMPTY
         self._merged: dict[str, tuple[tuple[Sighting, ...], EngineView]] = {}
@@ -270,6 +274,16 @@ class StateStore:
             self._succeeded(entry, now, duration_s)
             self._rebuild(collector, engines_changed=False)
 
+    def publish_residency(self, collector: str, residency: Sequence[ResidencyView]) -> None:
+        """The residency of the engines whose KV event streams moved; the others keep
+        theirs (the same records: a renderer keeps their bytes)."""
+        if not residency:
+            return
+        with self._changing():
+            for view in residency:
+                self._residency[view.engine] = view
+            self._rebuild(collector, engines_changed=False)
+
     def reject(self, collector: str, target: str, reason: str, message: str) -> None:
         """A bad input that did not stop the collector (a malformed frame): count it, log
         the first of each reason, and change nothing else."""
@@ -341,12 +355,22 @@ class StateStore:
         views = [view for _, view in merged.values()]
         return tuple(sorted(views, key=lambda view: engine_sort_key(view.engine)))
 
+    def _residency_records(self) -> tuple[ResidencyView, ...]:
+        last, now = self._snapshot.residency, self._residency
+        if len(now) == len(last) and all(now.get(r.engine) is r for r in last):
+            return last
+        found = sorted(self._residency.values(), key=lambda r: engine_sort_key(r.engine))
+        return tuple(found)
+
     def _rebuild(self, collector: str, *, engines_changed: bool = True) -> None:
         self._version += 1
         engines = self._snapshot.engines
         if engines_changed:
             engines = self._views()
-            _log_changes(collector, self._snapshot.engines, engines, self._departed)
+            for engine in _log_changes(collector, self._snapshot.engines, engines, self._departed):
+                self._restarts[engine] = self._restarts.pop(engine, 0) + 1
+                if len(self._restarts) > _MAX_DEPARTED:
+                    del self._restarts[next(iter(self._restarts))]  # the longest quiet
         gpus = tuple(gpu for _, found in sorted(self._gpus.items()) for gpu in found)
         engine_gpus = map_engine_gpus(engines, gpus)
         self._snapshot = Snapshot(
@@ -358,6 +382,8 @@ class StateStore:
             engine_gpus=engine_gpus,
             headroom_tokens=headroom_tokens(engines, engine_gpus, gpus),
             taken_at_s=self._clock(),
+            residency=self._residency_records(),
+            restarts=dict(self._restarts) if self._restarts else {},
         )
 
 
@@ -371,8 +397,10 @@ def _log_changes(
     before: Sequence[EngineView],
     after: Sequence[EngineView],
     departed: dict[str, str],
-) -> None:
-    """One line per engine that appeared, restarted or vanished, over all collectors."""
+) -> list[str]:
+    """One line per engine that appeared, restarted or vanished, over all collectors; the
+    engines that restarted (the one place a restart is noticed)."""
+    restarted = []
     old = {view.engine: view for view in before}
     new = {view.engine: view for view in after}
     for engine, view in new.items():
@@ -381,6 +409,7 @@ def _log_changes(
         if was is None and (left is None or view.instance_id in (None, left)):
             log.info("engine_added", collector=collector, engine=engine, model_name=view.model_name)
         elif was is None or _restarted(was, view):
+            restarted.append(engine)
             log.info(
                 "engine_restarted",
                 collector=collector,
@@ -406,6 +435,7 @@ def _log_changes(
             departed[engine] = instance_id
             if len(departed) > _MAX_DEPARTED:
                 del departed[next(iter(departed))]  # the oldest
+    return restarted
 
 
 def _restarted(was: EngineView, now: EngineView) -> bool:

@@ -10,15 +10,14 @@ import socketserver
 import ssl
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol, cast
 
 import structlog
 
+from exporter.web.counters import WebCounters
 from exporter.web.head import BadHead, HeadReader, HeadTimeout, RequestHead, parse_head
-from exporter.web.messages import Request, Response
-
-if TYPE_CHECKING:
-    from exporter.web.server import Connection, ThreadedServer
+from exporter.web.messages import Handler, Request, Response
+from exporter.web.reload import WebConfigWatcher
 
 _log = structlog.get_logger("kvcap.web")
 
@@ -58,6 +57,43 @@ def error_response(status: int) -> Response:
     return Response(status, f"{_REASONS.get(status, 'Error')}\n".encode(), _TEXT)
 
 
+class Connection:
+    """A tracked connection: its socket, and whether a request on it is being served."""
+
+    __slots__ = ("phase", "since", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.phase = "waiting"
+        self.since = time.monotonic()
+
+    def idle(self) -> None:
+        """Waiting for the next request."""
+        self.phase, self.since = "waiting", time.monotonic()
+
+    def reading(self) -> None:
+        """A request's first bytes came in; its head is being read."""
+        self.phase = "reading"
+
+    def busy(self) -> None:
+        """The head is in: the request is being served and must not be cut."""
+        self.phase = "busy"
+
+
+class ConnectionServer(Protocol):
+    """What a connection's handler uses of the server that accepted it (server.py's)."""
+
+    watcher: WebConfigWatcher
+    routes: Mapping[str, Handler]
+    counters: WebCounters
+
+    def track(self, sock: socket.socket) -> Connection | None: ...
+
+    def replace_socket(self, connection: Connection, sock: socket.socket) -> bool: ...
+
+    def untrack(self, connection: Connection) -> None: ...
+
+
 class ConnectionHandler(socketserver.BaseRequestHandler):
     """Serves the requests of one connection, keep-alive, after an optional TLS handshake.
 
@@ -70,10 +106,13 @@ class ConnectionHandler(socketserver.BaseRequestHandler):
     after it can be read as a second request.
     """
 
-    server: ThreadedServer
+    @property
+    def owner(self) -> ConnectionServer:
+        # socketserver hands the handler its server as a BaseServer.
+        return cast(ConnectionServer, self.server)
 
     def setup(self) -> None:
-        self._connection: Connection | None = self.server.track(self.request)
+        self._connection: Connection | None = self.owner.track(self.request)
 
     def handle(self) -> None:
         connection = self._connection
@@ -81,7 +120,7 @@ class ConnectionHandler(socketserver.BaseRequestHandler):
             return
         raw: socket.socket = self.request
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # before the TLS handshake
-        context = self.server.watcher.state.ssl_context
+        context = self.owner.watcher.state.ssl_context
         if context is not None and self._handshake(connection, raw, context) is None:
             return
         reader = HeadReader(self.request, connection.reading)
@@ -91,7 +130,7 @@ class ConnectionHandler(socketserver.BaseRequestHandler):
 
     def finish(self) -> None:
         if self._connection is not None:
-            self.server.untrack(self._connection)
+            self.owner.untrack(self._connection)
         self.request.close()
 
     def _handshake(
@@ -103,7 +142,7 @@ class ConnectionHandler(socketserver.BaseRequestHandler):
         except (OSError, ValueError):  # the client is gone already; wrap_socket closed it
             return None
         self.request = tls  # the TLS socket owns the file descriptor now; finish() closes it
-        if not self.server.replace_socket(connection, tls):
+        if not self.owner.replace_socket(connection, tls):
             return None
         try:
             tls.do_handshake()
@@ -135,7 +174,7 @@ class ConnectionHandler(socketserver.BaseRequestHandler):
             raw_head = reader.read_head(wait_s, HEAD_DEADLINE_S)
             if raw_head is None:
                 if wait_s == FIRST_BYTE_TIMEOUT_S:
-                    self.server.counters.reject("first_byte_timeout")
+                    self.owner.counters.reject("first_byte_timeout")
                 return None
             connection.busy()
             return parse_head(raw_head)
@@ -148,25 +187,25 @@ class ConnectionHandler(socketserver.BaseRequestHandler):
         return None
 
     def _refuse(self, response: Response, reason: str) -> bool:
-        self.server.counters.reject(reason)
+        self.owner.counters.reject(reason)
         with contextlib.suppress(OSError):  # the client is gone already
-            configured = self.server.watcher.state.config.response_headers
+            configured = self.owner.watcher.state.config.response_headers
             self._write(_head_bytes(response, ("Connection: close",), configured), response.body)
         return False
 
     def _respond(self, head: RequestHead) -> Response:
-        self.server.watcher.maybe_reload()
-        state = self.server.watcher.state
+        self.owner.watcher.maybe_reload()
+        state = self.owner.watcher.state
         path = head.target.partition("?")[0]
         auth = state.auth
         if auth is not None and state.config.auth_required(path):
             verdict = auth.verdict(head.header("authorization"), str(self.client_address[0]))
             if verdict != "ok":
-                self.server.counters.reject("unauthorized" if verdict != "busy" else "auth_busy")
+                self.owner.counters.reject("unauthorized" if verdict != "busy" else "auth_busy")
                 return _UNAUTHORIZED if verdict != "busy" else _AUTH_BUSY
         if head.method not in _ALLOWED_METHODS:
             return _METHOD_NOT_ALLOWED
-        handler = self.server.routes.get(path)
+        handler = self.owner.routes.get(path)
         if handler is None:
             return _NOT_FOUND
         request = Request(method=head.method, path=path, headers=_Headers(head.headers))
@@ -184,7 +223,7 @@ class ConnectionHandler(socketserver.BaseRequestHandler):
             extra = ("Connection: close",)
         elif head.version == "HTTP/1.0":  # 1.0 clients close unless told otherwise
             extra = ("Connection: keep-alive",)
-        data = _head_bytes(response, extra, self.server.watcher.state.config.response_headers)
+        data = _head_bytes(response, extra, self.owner.watcher.state.config.response_headers)
         with contextlib.suppress(OSError):  # the client is gone already
             self._write(data, response.body if head.method != "HEAD" else b"")
 

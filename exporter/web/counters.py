@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 # Every reason a request or connection is refused, so each series exists from the start.
 REJECT_REASONS = (
@@ -28,11 +25,10 @@ RELOAD_ERROR_REASONS = ("invalid", "downgrade")
 
 
 class WebCounters:
-    """Thread-safe counts, read per scrape through `collect()` (prometheus_client's protocol).
+    """Thread-safe counts, read per scrape (their families: exposition/per_scrape.py).
 
-    `version` changes whenever `collect()` would yield something new, so a scrape can
-    reuse the text of the last one while nothing was refused and no connection came or
-    went.
+    `version` changes whenever a count does, so a scrape can reuse the text of the last
+    one while nothing was refused and no connection came or went.
     """
 
     def __init__(self) -> None:
@@ -66,24 +62,5 @@ class WebCounters:
         with self._lock:
             return dict(self._reload_errors)
 
-    def collect(self) -> Iterator[Metric]:
-        rejected = CounterMetricFamily(
-            "kvcap_web_requests_rejected",
-            "Requests and connections the HTTP server refused before serving them, by reason.",
-            labels=["reason"],
-        )
-        for reason, count in sorted(self.rejected().items()):
-            rejected.add_metric([reason], count)
-        reloads = CounterMetricFamily(
-            "kvcap_web_config_reload_errors",
-            "Web config reloads refused (the last good config is kept), by reason.",
-            labels=["reason"],
-        )
-        for reason, count in sorted(self.reload_errors().items()):
-            reloads.add_metric([reason], count)
-        connections = GaugeMetricFamily(
-            "kvcap_web_connections",
-            "Open HTTP connections (at most --web.max-requests).",
-        )
-        connections.add_metric([], self._connections)
-        yield from (rejected, reloads, connections)
+    def connections(self) -> int:
+        return self._connections

@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 
 from exporter.web.address import ListenAddress, resolve_listen_address, url_host
-from exporter.web.connection import ConnectionHandler, overloaded_answer
+from exporter.web.connection import Connection, ConnectionHandler, overloaded_answer
 from exporter.web.counters import WebCounters
 from exporter.web.messages import Handler
 from exporter.web.reload import WebConfigWatcher
@@ -119,29 +119,6 @@ class WebServer:
             thread.join(max(0.0, deadline - time.monotonic()))
         self._server = self._accept_thread = None
         _log.info("web_server_stopped", listen_address=self._listen_address)
-
-
-class Connection:
-    """A tracked connection: its socket, and whether a request on it is being served."""
-
-    __slots__ = ("phase", "since", "sock")
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.phase = "waiting"
-        self.since = time.monotonic()
-
-    def idle(self) -> None:
-        """Waiting for the next request."""
-        self.phase, self.since = "waiting", time.monotonic()
-
-    def reading(self) -> None:
-        """A request's first bytes came in; its head is being read."""
-        self.phase = "reading"
-
-    def busy(self) -> None:
-        """The head is in: the request is being served and must not be cut."""
-        self.phase = "busy"
 
 
 class ThreadedServer(socketserver.TCPServer):

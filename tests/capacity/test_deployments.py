@@ -37,16 +37,18 @@ def test_engine_numbers_match_vllm_plan(path: Path) -> None:
         available_kv_bytes_per_worker=deployment["available_kv_bytes_per_worker"],
     )
     for engine in deployment["engines"]:
-        assert result.num_gpu_blocks == engine["num_gpu_blocks"]
-        assert result.block_size == engine["block_size"]
-        assert result.kv_cache_size_tokens == engine["kv_cache_size_tokens"]
-        assert result.max_concurrency == pytest.approx(engine["max_concurrency"], rel=1e-12)
-        assert result.max_model_len == engine["max_model_len"]
+        assert result.capacity.num_gpu_blocks == engine["num_gpu_blocks"]
+        assert result.capacity.block_size == engine["block_size"]
+        assert result.capacity.kv_cache_size_tokens == engine["kv_cache_size_tokens"]
+        assert result.capacity.kv_cache_max_concurrency == pytest.approx(
+            engine["max_concurrency"], rel=1e-12
+        )
+        assert result.capacity.max_model_len == engine["max_model_len"]
         assert result.effective_attention_block_size == engine["effective_attention_block_size"]
-        assert result.bytes_per_block_per_worker[0] == engine["bytes_per_block_per_worker"]
+        assert result.capacity.bytes_per_block_per_worker[0] == engine["bytes_per_block_per_worker"]
         got = sorted(
             (g.spec_type, g.num_layers, g.page_size_bytes, g.max_memory_usage_bytes_per_request)
-            for g in result.groups
+            for g in result.capacity.groups
         )
         want = sorted(
             (

@@ -81,10 +81,10 @@ def test_unknown_architecture_with_generic_fields_is_derived_and_marked_approxim
     config["model_type"] = "some_new"
     result = derive_capacity(config, EngineSettings(), available_kv_bytes_per_worker=40 * GIB)
     known = derive_capacity(llama(), EngineSettings(), available_kv_bytes_per_worker=40 * GIB)
-    assert result.approximate
-    assert not known.approximate
+    assert result.capacity.approximate
+    assert not known.capacity.approximate
     assert result.family == "generic"
-    assert result.kv_cache_size_tokens == known.kv_cache_size_tokens
+    assert result.capacity.kv_cache_size_tokens == known.capacity.kv_cache_size_tokens
 
 
 def test_unknown_architecture_with_sliding_layer_types_follows_them() -> None:
@@ -94,9 +94,9 @@ def test_unknown_architecture_with_sliding_layer_types_follows_them() -> None:
         "full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(48)
     ]
     result = derive_capacity(config, EngineSettings(), available_kv_bytes_per_worker=40 * GIB)
-    kinds = sorted(group.spec_type for group in result.groups)
+    kinds = sorted(group.spec_type for group in result.capacity.groups)
     assert kinds == ["FullAttentionSpec"] + ["SlidingWindowSpec"] * 3
-    assert result.approximate
+    assert result.capacity.approximate
 
 
 def test_unknown_architecture_without_generic_fields_lists_the_families() -> None:

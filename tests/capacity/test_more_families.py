@@ -26,7 +26,7 @@ def config(name: str) -> dict[str, Any]:
 
 
 def kinds(result: Any) -> list[tuple[str, int, int]]:
-    return sorted((g.spec_type, g.num_layers, g.blocks_per_request) for g in result.groups)
+    return sorted((g.spec_type, g.num_layers, g.blocks_per_request) for g in result.capacity.groups)
 
 
 def test_granite_4_h_small() -> None:
@@ -36,13 +36,13 @@ def test_granite_4_h_small() -> None:
     result = derive_capacity(
         config("granite-4.0-h-small"), EngineSettings(), available_kv_bytes_per_worker=KV_40GIB
     )
-    assert result.block_size == 528
-    assert {g.page_size_bytes for g in result.groups} == {2162688}
+    assert result.capacity.block_size == 528
+    assert {g.page_size_bytes for g in result.capacity.groups} == {2162688}
     assert kinds(result) == [("FullAttentionSpec", 4, 249)] + [("MambaSpec", 4, 3)] * 9
-    assert result.bytes_per_block_per_worker == (8650752,)
-    assert result.num_gpu_blocks == 4964
+    assert result.capacity.bytes_per_block_per_worker == (8650752,)
+    assert result.capacity.num_gpu_blocks == 4964
     # blocks/request = cd(131,072, 528) + 9 x 3 = 276
-    assert result.kv_cache_size_tokens == 2357396
+    assert result.capacity.kv_cache_size_tokens == 2357396
 
 
 def test_falcon_h1_every_layer_has_attention_and_mamba() -> None:
@@ -51,10 +51,10 @@ def test_falcon_h1_every_layer_has_attention_and_mamba() -> None:
     result = derive_capacity(
         config("falcon-h1-1.5b-deep"), EngineSettings(), available_kv_bytes_per_worker=KV_40GIB
     )
-    assert result.block_size == 1568
+    assert result.capacity.block_size == 1568
     assert kinds(result) == [("FullAttentionSpec", 24, 84), ("MambaSpec", 24, 3)]
-    assert result.num_gpu_blocks == 1114
-    assert result.kv_cache_size_tokens == 1678324
+    assert result.capacity.num_gpu_blocks == 1114
+    assert result.capacity.kv_cache_size_tokens == 1678324
 
 
 def test_falcon_h1_pipeline_stages_keep_both_layers_of_a_decoder_layer_together() -> None:
@@ -64,7 +64,7 @@ def test_falcon_h1_pipeline_stages_keep_both_layers_of_a_decoder_layer_together(
         available_kv_bytes_per_worker=KV_40GIB,
     )
     assert kinds(result)[0][1] == 12
-    assert result.bytes_per_block_per_worker == (12 * 1605632, 12 * 1605632)
+    assert result.capacity.bytes_per_block_per_worker == (12 * 1605632, 12 * 1605632)
 
 
 def test_zamba2_hybrid_layers_add_multi_head_attention() -> None:
@@ -74,11 +74,11 @@ def test_zamba2_hybrid_layers_add_multi_head_attention() -> None:
     result = derive_capacity(
         config("zamba2-2.7b"), EngineSettings(), available_kv_bytes_per_worker=KV_40GIB
     )
-    assert result.max_model_len == 4096
-    assert result.block_size == 48
+    assert result.capacity.max_model_len == 4096
+    assert result.capacity.block_size == 48
     assert kinds(result) == [("FullAttentionSpec", 9, 86)] + [("MambaSpec", 9, 3)] * 6
-    assert result.num_gpu_blocks == 4854
-    assert result.kv_cache_size_tokens == 191172
+    assert result.capacity.num_gpu_blocks == 4854
+    assert result.capacity.kv_cache_size_tokens == 191172
 
 
 def test_zamba2_refuses_pipeline_parallelism() -> None:
@@ -96,15 +96,15 @@ def test_cohere2_sliding_layers_see_one_token_more() -> None:
     result = derive_capacity(
         config("command-r7b"), EngineSettings(), available_kv_bytes_per_worker=KV_40GIB
     )
-    assert {g.sliding_window for g in result.groups} == {4097, None}
+    assert {g.sliding_window for g in result.capacity.groups} == {4097, None}
     # sliding blocks = cd(min(4,096 + 16,384, 131,072), 16) + 1 = 1,281
     assert kinds(result) == [("FullAttentionSpec", 8, 8192)] + [("SlidingWindowSpec", 8, 1281)] * 3
-    assert result.num_gpu_blocks == 81920
-    assert result.kv_cache_size_tokens == 892182
+    assert result.capacity.num_gpu_blocks == 81920
+    assert result.capacity.kv_cache_size_tokens == 892182
     # The +1 shows when the window ends on a block edge: 4,097 + 16,384 = 20,481 tokens.
     odd = config("command-r7b") | {"sliding_window": 4097}
     result = derive_capacity(odd, EngineSettings(), available_kv_bytes_per_worker=KV_40GIB)
-    assert {g.blocks_per_request for g in result.groups} == {8192, 1282}
+    assert {g.blocks_per_request for g in result.capacity.groups} == {8192, 1282}
 
 
 def test_phi_4_mini_longrope_defaults_to_the_pretraining_length() -> None:
@@ -113,23 +113,23 @@ def test_phi_4_mini_longrope_defaults_to_the_pretraining_length() -> None:
     result = derive_capacity(
         config("phi-4-mini"), EngineSettings(), available_kv_bytes_per_worker=KV_40GIB
     )
-    assert result.max_model_len == 4096
+    assert result.capacity.max_model_len == 4096
     assert kinds(result) == [("SlidingWindowSpec", 32, 257)]
-    assert result.kv_cache_size_tokens == 326404
+    assert result.capacity.kv_cache_size_tokens == 326404
     longest = derive_capacity(
         config("phi-4-mini"),
         EngineSettings(max_model_len=131072),
         available_kv_bytes_per_worker=KV_40GIB,
     )
     assert kinds(longest) == [("SlidingWindowSpec", 32, 8193)]
-    assert longest.kv_cache_size_tokens == 327640
+    assert longest.capacity.kv_cache_size_tokens == 327640
 
 
 def test_phi3_legacy_su_rope_is_longrope() -> None:
     legacy = config("phi-4-mini")
     legacy["rope_scaling"]["type"] = "su"
     result = derive_capacity(legacy, EngineSettings(), available_kv_bytes_per_worker=KV_40GIB)
-    assert result.max_model_len == 4096
+    assert result.capacity.max_model_len == 4096
 
 
 def test_deepseek_v2_lite_mla() -> None:
@@ -137,10 +137,10 @@ def test_deepseek_v2_lite_mla() -> None:
     result = derive_capacity(
         config("deepseek-v2-lite"), EngineSettings(), available_kv_bytes_per_worker=KV_40GIB
     )
-    assert result.max_model_len == 163840
+    assert result.capacity.max_model_len == 163840
     assert kinds(result) == [("MLAAttentionSpec", 27, 10240)]
-    assert result.num_gpu_blocks == 86302
-    assert result.kv_cache_size_tokens == 1380832
+    assert result.capacity.num_gpu_blocks == 86302
+    assert result.capacity.kv_cache_size_tokens == 1380832
 
 
 @pytest.mark.parametrize("tp", [1, 8])
@@ -150,9 +150,9 @@ def test_kimi_k2_is_deepseek_v3_mla(tp: int) -> None:
         EngineSettings(tensor_parallel_size=tp),
         available_kv_bytes_per_worker=KV_40GIB,
     )
-    assert result.bytes_per_block_per_worker[0] == 61 * 16 * 1152
-    assert result.num_gpu_blocks == 38199
-    assert result.kv_cache_size_tokens == 38199 * 16
+    assert result.capacity.bytes_per_block_per_worker[0] == 61 * 16 * 1152
+    assert result.capacity.num_gpu_blocks == 38199
+    assert result.capacity.kv_cache_size_tokens == 38199 * 16
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8_e5m2", "int8_per_token_head"])
@@ -186,9 +186,9 @@ def test_qwen3_5_pins_its_ssm_dtype_but_qwen3_next_does_not() -> None:
     pinned = derive_capacity(qwen35, settings, available_kv_bytes_per_worker=KV_40GIB)
     ignored = derive_capacity(next_config, settings, available_kv_bytes_per_worker=KV_40GIB)
     # Qwen3-Next keeps bf16 state: conv 24,576 + ssm 524,288 B -> block 576 (golden).
-    assert ignored.block_size == 576
+    assert ignored.capacity.block_size == 576
     # fp32 ssm: 24,576 + 1,048,576 B over 1,024 B/token, on a 64-token grid -> 1,088.
-    assert pinned.block_size == 1088
+    assert pinned.capacity.block_size == 1088
 
 
 def test_olmo3_and_exaone4_fill_in_their_layer_types() -> None:
@@ -205,7 +205,7 @@ def test_olmo3_and_exaone4_fill_in_their_layer_types() -> None:
         result = derive_capacity(
             model, EngineSettings(max_model_len=32768), available_kv_bytes_per_worker=KV_40GIB
         )
-        assert not result.approximate
+        assert not result.capacity.approximate
         # 8 global layers (every 4th), 24 sliding layers in 3 groups of 8.
         assert [(s, n) for s, n, _ in kinds(result)] == [("FullAttentionSpec", 8)] + [
             ("SlidingWindowSpec", 8)
@@ -218,7 +218,7 @@ def test_generic_rule_respects_use_sliding_window_false() -> None:
         "sliding_window": 32768,
     }
     result = derive_capacity(model, EngineSettings(), available_kv_bytes_per_worker=KV_40GIB)
-    assert result.approximate
+    assert result.capacity.approximate
     assert kinds(result) == [("FullAttentionSpec", 36, 2560)]
 
 

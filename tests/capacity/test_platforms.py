@@ -38,9 +38,9 @@ def test_live_tiny_llama_figures() -> None:
         EngineSettings(max_model_len=2048, platform="cpu", vllm_version="0.32.0"),
         available_kv_bytes_per_worker=GIB,
     )
-    assert (result.block_size, result.num_gpu_blocks) == (128, 16384)
-    assert result.kv_cache_size_tokens == 2_097_152
-    assert result.max_concurrency == 1024.0
+    assert (result.capacity.block_size, result.capacity.num_gpu_blocks) == (128, 16384)
+    assert result.capacity.kv_cache_size_tokens == 2_097_152
+    assert result.capacity.kv_cache_max_concurrency == 1024.0
     logged = (LIVE_CPU / "0.32.0" / "llama-dp1" / "log-lines.txt").read_text().splitlines()
     assert list(result.log_lines) == logged
 
@@ -55,7 +55,7 @@ def test_cpu_batches_scale_with_the_workers_and_only_one_is_in_flight(tp: int) -
         num_gpu_blocks=32768,
     )
     assert result.max_num_batched_tokens == 2048 * tp
-    sliding = [g for g in result.groups if g.spec_type == "SlidingWindowSpec"]
+    sliding = [g for g in result.capacity.groups if g.spec_type == "SlidingWindowSpec"]
     assert {g.blocks_per_request for g in sliding} == {cdiv(min(255 + 2048 * tp, 4096), 128) + 1}
 
 
@@ -63,8 +63,12 @@ def test_cuda_keeps_two_batches_of_8192_in_flight() -> None:
     result = derive_capacity(
         config("gemma3-dp2"), EngineSettings(max_model_len=4096), num_gpu_blocks=32768
     )
-    assert (result.platform, result.block_size, result.max_num_batched_tokens) == ("cuda", 16, 8192)
-    assert result.kv_cache_size_tokens == 87_097  # what kvcap said of the live CPU engine
+    assert (result.platform, result.capacity.block_size, result.max_num_batched_tokens) == (
+        "cuda",
+        16,
+        8192,
+    )
+    assert result.capacity.kv_cache_size_tokens == 87_097  # what kvcap said of the live CPU engine
 
 
 def test_cpu_mla_takes_16_token_blocks_without_prefix_caching() -> None:
@@ -76,9 +80,9 @@ def test_cpu_mla_takes_16_token_blocks_without_prefix_caching() -> None:
         EngineSettings(max_model_len=4096, block_size=128, platform="cpu"),
         available_kv_bytes_per_worker=GIB,
     )
-    assert result.block_size == 16
+    assert result.capacity.block_size == 16
     assert result.max_num_batched_tokens == 4096
-    assert [g.spec_type for g in result.groups] == ["MLAAttentionSpec"]
+    assert [g.spec_type for g in result.capacity.groups] == ["MLAAttentionSpec"]
 
 
 def test_cpu_hybrids_align_on_128_token_units_with_a_float32_ssm_state() -> None:
@@ -87,8 +91,8 @@ def test_cpu_hybrids_align_on_128_token_units_with_a_float32_ssm_state() -> None
     cpu = derive_capacity(
         qwen, EngineSettings(max_model_len=4096, platform="cpu"), available_kv_bytes_per_worker=GIB
     )
-    assert cpu.block_size == 640
-    assert {g.block_size for g in cpu.groups} == {640}
+    assert cpu.capacity.block_size == 640
+    assert {g.block_size for g in cpu.capacity.groups} == {640}
     mamba = next(s.spec for s in cpu.layer_specs if isinstance(s.spec, MambaSpec))
     assert isinstance(mamba, MambaSpec)
     assert mamba.dtype_bytes[-1] == 4
@@ -149,7 +153,7 @@ def test_the_platform_setting_wins_over_the_labels() -> None:
     derive = cached_deriver(config("gemma3-dp2"))
     info = _info('block_size="128"')
     result = choose_platform(EngineSettings(max_model_len=4096), 32768, derive, info, "cuda")
-    assert (result.platform, result.block_size) == ("cuda", 16)
+    assert (result.platform, result.capacity.block_size) == ("cuda", 16)
 
 
 def test_the_handshake_names_the_platform_the_plugin_saw() -> None:

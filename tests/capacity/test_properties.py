@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from exporter.capacity import CapacityResult, EngineSettings, derive_capacity
 from exporter.errors import CapacityError
+from tests.capacity.figures import known
 from tests.conftest import load_golden_cases
 
 # One config per model family of the golden file.
@@ -63,8 +64,8 @@ def test_more_blocks_never_lower_capacity(
 ) -> None:
     fewer = derive_or_discard(CONFIGS[model], engine, num_gpu_blocks=blocks)
     more = derive_capacity(CONFIGS[model], engine, num_gpu_blocks=blocks + extra)
-    assert more.kv_cache_size_tokens >= fewer.kv_cache_size_tokens
-    assert more.max_concurrency > fewer.max_concurrency
+    assert known(more).kv_cache_size_tokens >= known(fewer).kv_cache_size_tokens
+    assert known(more).kv_cache_max_concurrency > known(fewer).kv_cache_max_concurrency
 
 
 @COMMON
@@ -79,8 +80,8 @@ def test_more_memory_never_lowers_capacity(
 ) -> None:
     less = derive_or_discard(CONFIGS[model], engine, available_kv_bytes_per_worker=memory)
     more = derive_capacity(CONFIGS[model], engine, available_kv_bytes_per_worker=memory + extra)
-    assert more.num_gpu_blocks >= less.num_gpu_blocks
-    assert more.kv_cache_size_tokens >= less.kv_cache_size_tokens
+    assert known(more).num_gpu_blocks >= known(less).num_gpu_blocks
+    assert known(more).kv_cache_size_tokens >= known(less).kv_cache_size_tokens
 
 
 @COMMON
@@ -96,15 +97,18 @@ def test_tokens_are_concurrency_times_length(
     if auto_fit:
         engine = EngineSettings(**{**_fields(engine), "max_model_len": -1})
     result = derive_or_discard(CONFIGS[model], engine, available_kv_bytes_per_worker=memory)
-    assert result.kv_cache_size_tokens == int(result.max_concurrency * result.max_model_len)
-    assert result.max_concurrency == result.num_gpu_blocks / result.blocks_per_request
+    figures = known(result)
+    assert figures.kv_cache_size_tokens == int(
+        figures.kv_cache_max_concurrency * figures.max_model_len
+    )
+    assert figures.kv_cache_max_concurrency == figures.num_gpu_blocks / result.blocks_per_request
     # Every worker's share of the pool fits in its memory, and the null block is spare.
-    for bytes_per_block in result.bytes_per_block_per_worker:
-        assert result.num_gpu_blocks * bytes_per_block <= memory
+    for bytes_per_block in result.capacity.bytes_per_block_per_worker:
+        assert figures.num_gpu_blocks * bytes_per_block <= memory
     # vLLM starts only when one full-length request fits beside the null block.
-    assert result.blocks_per_request <= result.num_gpu_blocks - 1
+    assert result.blocks_per_request <= figures.num_gpu_blocks - 1
     # Groups share one block pool, so they share one page size.
-    assert len({group.page_size_bytes for group in result.groups}) == 1
+    assert len({group.page_size_bytes for group in result.capacity.groups}) == 1
 
 
 @COMMON
@@ -134,11 +138,14 @@ def test_tensor_parallel_ranks_split_the_kv_heads(
         ),
         available_kv_bytes_per_worker=memory,
     )
-    assert split.bytes_per_block_per_worker[0] * tp == single.bytes_per_block_per_worker[0]
-    for group in split.groups:
-        assert group.page_size_bytes * tp in {g.page_size_bytes for g in single.groups}
-    assert split.num_gpu_blocks == single.num_gpu_blocks
-    assert split.kv_cache_size_tokens == single.kv_cache_size_tokens
+    assert (
+        split.capacity.bytes_per_block_per_worker[0] * tp
+        == single.capacity.bytes_per_block_per_worker[0]
+    )
+    for group in split.capacity.groups:
+        assert group.page_size_bytes * tp in {g.page_size_bytes for g in single.capacity.groups}
+    assert split.capacity.num_gpu_blocks == single.capacity.num_gpu_blocks
+    assert split.capacity.kv_cache_size_tokens == single.capacity.kv_cache_size_tokens
 
 
 def _fields(engine: EngineSettings) -> dict[str, Any]:

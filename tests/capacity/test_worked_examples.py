@@ -31,9 +31,9 @@ def test_llama_dense_examples() -> None:
         result = derive_capacity(
             config, EngineSettings(max_model_len=length), available_kv_bytes_per_worker=60 * GIB
         )
-        assert result.num_gpu_blocks == 30720
-        assert result.kv_cache_size_tokens == tokens
-        assert result.max_concurrency == pytest.approx(concurrency)
+        assert result.capacity.num_gpu_blocks == 30720
+        assert result.capacity.kv_cache_size_tokens == tokens
+        assert result.capacity.kv_cache_max_concurrency == pytest.approx(concurrency)
 
 
 def test_gpt_oss_120b_two_groups_of_18() -> None:
@@ -47,13 +47,13 @@ def test_gpt_oss_120b_two_groups_of_18() -> None:
         "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(36)
     ]
     result = derive_capacity(config, EngineSettings(), available_kv_bytes_per_worker=40 * GIB)
-    assert [(g.spec_type, g.num_layers, g.blocks_per_request) for g in result.groups] == [
+    assert [(g.spec_type, g.num_layers, g.blocks_per_request) for g in result.capacity.groups] == [
         ("SlidingWindowSpec", 18, 1033),
         ("FullAttentionSpec", 18, 8192),
     ]
-    assert result.bytes_per_block_per_worker[0] == 589824
-    assert result.num_gpu_blocks == 72817
-    assert result.kv_cache_size_tokens == 1034609
+    assert result.capacity.bytes_per_block_per_worker[0] == 589824
+    assert result.capacity.num_gpu_blocks == 72817
+    assert result.capacity.kv_cache_size_tokens == 1034609
 
 
 @pytest.mark.parametrize(
@@ -83,8 +83,11 @@ def test_deepseek_v3_latent_is_not_split_by_tensor_parallelism(
         ),
         available_kv_bytes_per_worker=50 * GIB,
     )
-    assert (result.num_gpu_blocks, result.kv_cache_size_tokens) == (blocks, tokens)
-    assert result.block_size == chosen_block
+    assert (result.capacity.num_gpu_blocks, result.capacity.kv_cache_size_tokens) == (
+        blocks,
+        tokens,
+    )
+    assert result.capacity.block_size == chosen_block
 
 
 def test_deepseek_v3_pipeline_stages_split_61_layers_31_30() -> None:
@@ -94,10 +97,12 @@ def test_deepseek_v3_pipeline_stages_split_61_layers_31_30() -> None:
         available_kv_bytes_per_worker=50 * GIB,
     )
     per_layer = 16 * 576 * 2
-    assert result.bytes_per_block_per_worker == (31 * per_layer,) * 8 + (30 * per_layer,) * 8
+    assert (
+        result.capacity.bytes_per_block_per_worker == (31 * per_layer,) * 8 + (30 * per_layer,) * 8
+    )
     # The fuller stage decides the block count.
-    assert result.num_gpu_blocks == 50 * GIB // (31 * per_layer)
-    assert result.groups[0].num_layers == 31
+    assert result.capacity.num_gpu_blocks == 50 * GIB // (31 * per_layer)
+    assert result.capacity.groups[0].num_layers == 31
 
 
 @pytest.mark.parametrize(
@@ -115,7 +120,11 @@ def test_qwen3_next_tp4(prefix_caching: bool, block: int, blocks: int, tokens: i
         EngineSettings(tensor_parallel_size=4, enable_prefix_caching=prefix_caching),
         available_kv_bytes_per_worker=40 * GIB,
     )
-    assert (result.block_size, result.num_gpu_blocks, result.kv_cache_size_tokens) == (
+    assert (
+        result.capacity.block_size,
+        result.capacity.num_gpu_blocks,
+        result.capacity.kv_cache_size_tokens,
+    ) == (
         block,
         blocks,
         tokens,
@@ -127,7 +136,7 @@ def test_gemma3_27b_example() -> None:
     result = derive_capacity(
         CONFIGS["gemma-3-27b-text"], EngineSettings(), available_kv_bytes_per_worker=40 * GIB
     )
-    assert sorted(g.num_layers for g in result.groups) == [8, 8, 9, 9, 9, 9, 10]
+    assert sorted(g.num_layers for g in result.capacity.groups) == [8, 8, 9, 9, 9, 9, 10]
     assert result.blocks_per_request == 8192 + 6 * 1089
-    assert result.num_gpu_blocks == 32768
-    assert result.kv_cache_size_tokens == 291658
+    assert result.capacity.num_gpu_blocks == 32768
+    assert result.capacity.kv_cache_size_tokens == 291658

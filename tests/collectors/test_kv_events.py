@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from exporter.capacity import EngineCapacity
-from exporter.collectors import KvEventsCollector, KvEventsSettings
+from exporter.collectors import KvEventsCollector, KvEventsSettings, follow_engines
 from exporter.kv_events_wire import decode_batch
-from exporter.prefix_cache import EngineResidency, ResidencyView
-from exporter.state import EngineReport, KvEventsEndpoint, StateStore
+from exporter.prefix_cache import EngineResidency
+from exporter.state import EngineReport, KvEventsEndpoint, ResidencyView, StateStore
 from tests.kv_events_data import EVICTIONS, SHARED_PREFIX, frames
 from tests.kv_events_publisher import StandInPublisher
 
@@ -41,20 +41,27 @@ def running(
     endpoint: KvEventsEndpoint, store: StateStore | None = None, **settings: object
 ) -> tuple[KvEventsCollector, StateStore]:
     store = store or StateStore()
-    source = KvEventsCollector(
+    collector = KvEventsCollector(
         KvEventsSettings(endpoints=(endpoint,), discovery_interval_s=0.05, **settings)  # type: ignore[arg-type]
     )
-    source.start(store)
-    return source, store
+    started(collector, store)
+    return collector, store
 
 
-def view(source: KvEventsCollector, engine: str = "0") -> ResidencyView | None:
-    return next((v for v in source.views() if v.engine == engine), None)
+def started(collector: KvEventsCollector, store: StateStore) -> None:
+    """Wired to the store as the daemon wires it."""
+    follow_engines(store, [collector])
+    collector.start(store)
 
 
-def received(source: KvEventsCollector, count: int) -> Callable[[], bool]:
+def view(store: StateStore, engine: str = "0") -> ResidencyView | None:
+    """The residency the collector last published into the state."""
+    return next((v for v in store.snapshot().residency if v.engine == engine), None)
+
+
+def received(store: StateStore, count: int) -> Callable[[], bool]:
     def check() -> bool:
-        found = view(source)
+        found = view(store)
         return found is not None and found.events_received_total >= count
 
     return check
@@ -79,13 +86,13 @@ def totals(found: ResidencyView) -> tuple[int, int, int]:
 
 
 def test_an_in_order_stream_is_applied_exactly(publisher: StandInPublisher) -> None:
-    source, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM):
             publisher.publish(sequence, payload)
-        wait_for(received(source, events_in(STREAM)), "every event")
-        found = view(source)
+        wait_for(received(store, events_in(STREAM)), "every event")
+        found = view(store)
         assert found is not None
         assert totals(found) == reference(STREAM)
         assert not found.approximate
@@ -93,17 +100,17 @@ def test_an_in_order_stream_is_applied_exactly(publisher: StandInPublisher) -> N
         status = next(s for s in store.snapshot().collectors if s.collector == "kv_events")
         assert status.up
     finally:
-        source.stop(2)
+        collector.stop(2)
 
 
 def test_a_gap_is_filled_from_the_replay_endpoint(publisher: StandInPublisher) -> None:
-    source, _ = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
+    collector, store = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM):
             publisher.publish(sequence, payload, send=sequence not in (20, 21, 22))
-        wait_for(received(source, events_in(STREAM)), "every event, replayed ones too")
-        found = view(source)
+        wait_for(received(store, events_in(STREAM)), "every event, replayed ones too")
+        found = view(store)
         assert found is not None
         assert publisher.replays == [20]
         assert found.gaps_total == 1
@@ -111,27 +118,27 @@ def test_a_gap_is_filled_from_the_replay_endpoint(publisher: StandInPublisher) -
         assert not found.approximate
         assert "missed" not in found.dropped_total
     finally:
-        source.stop(2)
+        collector.stop(2)
 
 
 def test_a_gap_without_replay_is_counted_and_marked_approximate(
     publisher: StandInPublisher,
 ) -> None:
-    source, _ = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
     try:
         publisher.wait_for_subscriber()
         sent = [p for s, p in enumerate(STREAM) if s not in (20, 21, 22)]
         for sequence, payload in enumerate(STREAM):
             publisher.publish(sequence, payload, send=sequence not in (20, 21, 22))
-        wait_for(received(source, events_in(sent)), "the events sent")
-        found = view(source)
+        wait_for(received(store, events_in(sent)), "the events sent")
+        found = view(store)
         assert found is not None
         assert found.gaps_total == 1
         assert found.dropped_total["missed"] == 3
         assert found.approximate
         assert found.approximate_reason == "batches were lost (sequence gap)"
     finally:
-        source.stop(2)
+        collector.stop(2)
 
 
 def test_a_sidecar_joining_mid_stream_replays_from_the_start(
@@ -139,73 +146,73 @@ def test_a_sidecar_joining_mid_stream_replays_from_the_start(
 ) -> None:
     for sequence, payload in enumerate(STREAM[:12]):
         publisher.publish(sequence, payload, send=False)  # sent before kvcap started
-    source, _ = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
+    collector, store = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM[12:], start=12):
             publisher.publish(sequence, payload)
-        wait_for(received(source, events_in(STREAM)), "every event")
-        found = view(source)
+        wait_for(received(store, events_in(STREAM)), "every event")
+        found = view(store)
         assert found is not None
         assert publisher.replays == [0]
         assert totals(found) == reference(STREAM)
         assert not found.approximate
     finally:
-        source.stop(2)
+        collector.stop(2)
 
 
 def test_joining_mid_stream_without_replay_is_approximate(publisher: StandInPublisher) -> None:
-    source, _ = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM[12:], start=12):
             publisher.publish(sequence, payload)
-        wait_for(received(source, events_in(STREAM[12:])), "the events sent")
-        found = view(source)
+        wait_for(received(store, events_in(STREAM[12:])), "the events sent")
+        found = view(store)
         assert found is not None
         assert found.approximate_reason == "joined the stream after its start"
         assert found.dropped_total["missed"] == 12
     finally:
-        source.stop(2)
+        collector.stop(2)
 
 
 def test_a_new_publisher_starts_the_residency_from_zero(publisher: StandInPublisher) -> None:
-    source, _ = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM[:12]):
             publisher.publish(sequence, payload)
-        wait_for(received(source, events_in(STREAM[:12])), "the first run's events")
+        wait_for(received(store, events_in(STREAM[:12])), "the first run's events")
         publisher.publish(0, STREAM[0])  # the engine restarted: its sequence starts again
-        wait_for(received(source, events_in(STREAM[:12]) + events_in(STREAM[:1])), "restart")
-        found = view(source)
+        wait_for(received(store, events_in(STREAM[:12]) + events_in(STREAM[:1])), "restart")
+        found = view(store)
         assert found is not None
         assert found.cleared_total == 1
         assert totals(found)[0] == reference(STREAM[:1])[0] == 4
         assert not found.approximate
     finally:
-        source.stop(2)
+        collector.stop(2)
 
 
 def test_malformed_messages_are_counted_and_the_stream_goes_on(
     publisher: StandInPublisher,
 ) -> None:
-    source, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
+    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
     try:
         publisher.wait_for_subscriber()
         publisher.publish(0, STREAM[0])
         publisher.pub.send_multipart([b"", b"\x00" * 8, b"\xc1 not msgpack"])
         publisher.pub.send_multipart([b"one frame"])
         publisher.publish(1, STREAM[1])
-        wait_for(received(source, events_in(STREAM[:2])), "the good events")
-        found = view(source)
+        wait_for(received(store, events_in(STREAM[:2])), "the good events")
+        found = view(store)
         assert found is not None
         assert found.dropped_total["malformed_batch"] == 2
         assert found.approximate
         errors = store.snapshot().errors
         assert errors[("kv_events", "malformed_batch")] == 2
     finally:
-        source.stop(2)
+        collector.stop(2)
 
 
 def test_endpoints_pool_size_and_restarts_come_from_the_engine_state(
@@ -224,28 +231,28 @@ def test_endpoints_pool_size_and_restarts_come_from_the_engine_state(
         )
 
     store.publish("handshake", "ipc://h", [report("a")])
-    source = KvEventsCollector(KvEventsSettings(discovery_interval_s=0.05))
-    source.start(store)
+    collector = KvEventsCollector(KvEventsSettings(discovery_interval_s=0.05))
+    started(collector, store)
     try:
         publisher.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM[:12]):
             publisher.publish(sequence, payload)
-        wait_for(received(source, events_in(STREAM[:12])), "the events")
-        wait_for(lambda: view(source).pool_blocks == 40, "the pool size")  # type: ignore[union-attr]
+        wait_for(received(store, events_in(STREAM[:12])), "the events")
+        wait_for(lambda: view(store).pool_blocks == 40, "the pool size")  # type: ignore[union-attr]
         store.publish("handshake", "ipc://h", [report("b")])
-        wait_for(lambda: view(source).cleared_total == 1, "the restart")  # type: ignore[union-attr]
-        found = view(source)
+        wait_for(lambda: view(store).cleared_total == 1, "the restart")  # type: ignore[union-attr]
+        found = view(store)
         assert found is not None
         assert totals(found)[0] == 0
     finally:
-        source.stop(2)
+        collector.stop(2)
 
 
 def test_an_engine_publishing_on_a_new_endpoint_starts_from_zero(
     publisher: StandInPublisher,
 ) -> None:
     moved = StandInPublisher(replay=False)
-    source = KvEventsCollector(
+    collector = KvEventsCollector(
         KvEventsSettings(
             endpoints=(
                 KvEventsEndpoint(publisher.endpoint, None, "0"),
@@ -254,19 +261,20 @@ def test_an_engine_publishing_on_a_new_endpoint_starts_from_zero(
             discovery_interval_s=0.05,
         )
     )
-    source.start(StateStore())
+    store = StateStore()
+    started(collector, store)
     try:
         publisher.wait_for_subscriber()
         moved.wait_for_subscriber()
         for sequence, payload in enumerate(STREAM[:12]):
             publisher.publish(sequence, payload)
-        wait_for(received(source, events_in(STREAM[:12])), "the first publisher's events")
+        wait_for(received(store, events_in(STREAM[:12])), "the first publisher's events")
         moved.publish(0, STREAM[0])  # vLLM restarted with another port
-        wait_for(received(source, events_in(STREAM[:13])), "the new publisher's batch")
-        found = view(source)
+        wait_for(received(store, events_in(STREAM[:13])), "the new publisher's batch")
+        found = view(store)
         assert found is not None
         assert found.cleared_total == 1
         assert totals(found)[0] == 4
     finally:
-        source.stop(2)
+        collector.stop(2)
         moved.close()

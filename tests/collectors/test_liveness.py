@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from exporter.cli import CommandLineParser
 from exporter.collectors import HandshakeCollector, HandshakeSettings, fetch, handshake, vllm_http
 from exporter.errors import ConfigError
-from exporter.exposition import ExpositionCache
+from exporter.exposition import build_exposition
 from exporter.flags import Flags
 from exporter.handshake_wire import (
     READY_V2_TOPIC,
@@ -90,7 +90,7 @@ class LiveListener(Listener):
 
     def metrics(self) -> dict[str, dict[str, float]]:
         """kvcap_engine_stale and kvcap_kv_cache_capacity_tokens by engine, from /metrics."""
-        body = ExpositionCache(self.store.snapshot, process_metrics=False).body().content
+        body = build_exposition(self.store.snapshot, process=False).body().content
         wanted = {"kvcap_engine_stale", "kvcap_kv_cache_capacity_tokens"}
         found: dict[str, dict[str, float]] = {name: {} for name in wanted}
         for family in text_string_to_metric_families(body.decode()):

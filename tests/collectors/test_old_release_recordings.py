@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collectors import ServerPoller, VllmHttpSettings, fetch
 from exporter.collectors.parsing import parse_vllm_serve_args
-from exporter.exposition import ExpositionCache
+from exporter.exposition import build_exposition
 from exporter.state import EngineView, StateStore
 from tests.collectors.recorded_vllm import Playback, serve
 from tests.conftest import GOLDEN
@@ -57,7 +57,7 @@ def sidecar(path: Path, fixture: dict[str, Any]) -> tuple[dict[str, EngineView],
         ServerPoller(url, settings, fetch, store, threading.Event()).poll_once()
     snapshot = store.snapshot()
     assert snapshot.collectors[0].up, snapshot.collectors[0].last_error
-    text = ExpositionCache(store.snapshot, process_metrics=False).body().content.decode()
+    text = build_exposition(store.snapshot, process=False).body().content.decode()
     return {view.engine: view for view in snapshot.engines}, text
 
 

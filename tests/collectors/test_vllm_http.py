@@ -28,6 +28,7 @@ from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_setting
 from exporter.demo import example_config, simulated_deployment
 from exporter.errors import ConfigError
 from exporter.state import KvUsage, StateStore
+from tests.capacity.figures import known
 from tests.collectors.recorded_vllm import Playback, serve
 from tests.conftest import GOLDEN
 from tests.support import cli_command
@@ -76,7 +77,7 @@ def _release_plan(fixture: dict[str, Any], path: Path) -> Callable[[int], int | 
             max_model_len=fixture["engines"][0]["max_model_len"],
             vllm_version=fixture["version"]["version"],
         )
-        return derive_capacity(config, release, num_gpu_blocks=blocks).kv_cache_size_tokens
+        return known(derive_capacity(config, release, num_gpu_blocks=blocks)).kv_cache_size_tokens
 
     return plan
 
@@ -145,8 +146,8 @@ def test_data_parallel_engines_each_get_their_own_blocks(
     assert [v.engine for v in views] == [str(i) for i in range(data_parallel_size)]
     for view in views:
         # The label says plan x DP; each engine holds the plan's blocks.
-        assert view.capacity.num_gpu_blocks == simulation.plan.num_gpu_blocks
-        assert view.capacity.kv_cache_size_tokens == simulation.plan.kv_cache_size_tokens
+        assert view.capacity.num_gpu_blocks == simulation.plan.capacity.num_gpu_blocks
+        assert view.capacity.kv_cache_size_tokens == simulation.plan.capacity.kv_cache_size_tokens
         assert view.capacity_mismatch is False
 
 
@@ -344,7 +345,10 @@ def test_the_model_config_is_read_again_only_when_it_changes(tmp_path: Path) -> 
     gemma = poller.deriver(documents)
     assert gemma is not None
     # Gemma 3 has sliding-window layers, Llama 3.1 none.
-    assert {g.kind for g in gemma(engine, 20_000).groups} == {"full_attention", "sliding_window"}
+    assert {g.kind for g in gemma(engine, 20_000).capacity.groups} == {
+        "full_attention",
+        "sliding_window",
+    }
     # Unchanged: the same deriver, with the derivations it has cached.
     assert poller.deriver(documents) is gemma
     # Rewritten with the same content (a new inode and times): still the same deriver.
@@ -361,7 +365,7 @@ def test_the_model_config_is_read_again_only_when_it_changes(tmp_path: Path) -> 
     llama = poller.deriver(documents)
     assert llama is not None
     assert llama is not gemma
-    assert {g.kind for g in llama(engine, 20_000).groups} == {"full_attention"}
+    assert {g.kind for g in llama(engine, 20_000).capacity.groups} == {"full_attention"}
     # Unreadable: every derivation fails, saying why.
     config.unlink()
     unreadable = poller.deriver(documents)

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collectors import ServerPoller, VllmHttpSettings, fetch
 from exporter.collectors.parsing import parse_vllm_serve_args
-from exporter.exposition import ExpositionCache
+from exporter.exposition import build_exposition
 from exporter.state import OffloadTier, StateStore
 from tests.collectors.recorded_vllm import Playback, serve
 from tests.conftest import FIXTURES
@@ -64,7 +64,7 @@ def _poll(*bodies: str, **extra: Any) -> StateStore:
 
 
 def _families(store: StateStore) -> dict[str, dict[tuple[str, str, str], float]]:
-    body = ExpositionCache(store.snapshot, process_metrics=False).body().content.decode()
+    body = build_exposition(store.snapshot, process=False).body().content.decode()
     return {
         family.name: {
             (s.labels["engine"], s.labels["model_name"], s.labels["medium"]): s.value

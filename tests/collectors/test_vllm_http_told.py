@@ -86,4 +86,6 @@ def test_a_hugging_face_id_is_derived_from_the_hf_cache(
         simulation.stop()
     views = store.snapshot().engines
     assert [v.derivation_error for v in views] == [None, None]
-    assert {v.derived_kv_cache_size_tokens for v in views} == {local.plan.kv_cache_size_tokens}
+    assert {v.derived_kv_cache_size_tokens for v in views} == {
+        local.plan.capacity.kv_cache_size_tokens
+    }

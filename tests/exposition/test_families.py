@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.exposition import ExpositionCache, PrefixCacheCollector
+from exporter.exposition import build_exposition
 from exporter.state import OffloadTier, StateStore
 from exporter.web import WebCounters
 from tests.prefix_cache.helpers import recorded_views
@@ -36,13 +36,12 @@ def rich_store() -> StateStore:
     store.publish("handshake", "ipc://x", reports("qwen3-next-80b-a3b-dp2-tp2")[:1])
     store.fail("nvml", "local", "driver_not_loaded", "no driver")
     store.publish_gpus("nvml", "node", [gpu(i) for i in range(2)])
+    store.publish_residency("kv_events", recorded_views())
     return store
 
 
 def text_body(store: StateStore) -> str:
-    cache = ExpositionCache(
-        store.snapshot, per_scrape=[WebCounters(), PrefixCacheCollector(recorded_views)]
-    )
+    cache = build_exposition(store.snapshot, WebCounters())
     return cache.body().content.decode()
 
 
@@ -73,9 +72,7 @@ def test_promtool_check_metrics_is_clean(tmp_path: Path) -> None:
 
 
 def test_openmetrics_and_gzip_variants_carry_the_same_samples() -> None:
-    cache = ExpositionCache(
-        rich_store().snapshot, per_scrape=[PrefixCacheCollector(recorded_views)]
-    )
+    cache = build_exposition(rich_store().snapshot)
     text = cache.body().content.decode()
     om = cache.body(accept="application/openmetrics-text; version=1.0.0").content.decode()
     zipped = cache.body(accept_encoding="gzip, deflate")
@@ -98,7 +95,7 @@ def test_openmetrics_and_gzip_variants_carry_the_same_samples() -> None:
 
 def test_rendering_happens_once_per_snapshot() -> None:
     store = rich_store()
-    cache = ExpositionCache(store.snapshot, process_metrics=False)
+    cache = build_exposition(store.snapshot, process=False)
     first = cache.body().content
     assert cache._current() is cache._current()
     store.publish("vllm_http", "http://a", reports()[:1])
@@ -115,7 +112,7 @@ def test_every_exported_metric_is_documented_and_every_documented_one_exported()
 
 def test_every_variant_renders_in_any_order() -> None:
     for accept in (None, "application/openmetrics-text; version=1.0.0"):
-        cache = ExpositionCache(rich_store().snapshot)
+        cache = build_exposition(rich_store().snapshot)
         zipped = cache.body(accept=accept, accept_encoding="gzip")
         plain = cache.body(accept=accept)
         assert (

@@ -21,7 +21,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client import exposition as text_format
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.openmetrics import exposition as openmetrics_format
 from structlog.testing import capture_logs
 
@@ -30,18 +35,21 @@ from exporter.exposition import (
     LAYOUT,
     Column,
     ExpositionCache,
-    PrefixCacheCollector,
-    ProcessText,
+    ProcessReader,
     Renderer,
+    ScrapeTable,
+    build_exposition,
     engine_rows,
-    prefix_cache_families,
+    web_tables,
 )
-from exporter.prefix_cache import LIFETIME_BUCKETS_S, PoolView, ResidencyView
+from exporter.prefix_cache import LIFETIME_BUCKETS_S
 from exporter.state import (
     EngineReport,
     GpuProcessMemory,
     GpuReport,
     KvUsage,
+    PoolView,
+    ResidencyView,
     Snapshot,
     StateStore,
 )
@@ -52,13 +60,21 @@ from tests.state.helpers import reports as gemma_reports
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 
-def _family(
-    column: Column[Any], labels: tuple[str, ...]
-) -> GaugeMetricFamily | CounterMetricFamily:
+def _family(column: Column[Any], labels: tuple[str, ...]) -> Metric:
     names = [*labels, *column.extra_labels]
     if column.kind == "counter":
         return CounterMetricFamily(column.name, column.help, labels=names)
+    if column.kind == "histogram":
+        return HistogramMetricFamily(column.name, column.help, labels=names)
     return GaugeMetricFamily(column.name, column.help, labels=names)
+
+
+def _buckets(column: Column[Any], counts: Any) -> list[tuple[str, float]]:
+    buckets, running = [], 0
+    for bound, count in zip((*column.bounds, float("inf")), counts, strict=True):
+        running += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(bound), float(running)))
+    return buckets
 
 
 def reference_families(snapshot: Snapshot) -> Iterator[Metric]:
@@ -68,9 +84,14 @@ def reference_families(snapshot: Snapshot) -> Iterator[Metric]:
         table, column = placed.table, placed.column
         family = _family(column, table.labels)
         for row in placed.rows(snapshot, engines):
+            labels = [*table.ids(row), *column.extra(row)]
+            if column.observations is not None:
+                counts, total = column.observations(row)
+                family.add_metric(labels, _buckets(column, counts), total)  # type: ignore[attr-defined]
+                continue
             value = column.value(row)
             if value is not None:
-                family.add_metric([*table.ids(row), *column.extra(row)], value)
+                family.add_metric(labels, value)  # type: ignore[attr-defined]
         yield family
 
 
@@ -80,6 +101,25 @@ class _Families:
 
     def collect(self) -> Iterator[Metric]:
         return reference_families(self.snapshot)
+
+
+class _ScrapeFamilies:
+    """The per-scrape tables' families, built the plain prometheus_client way each time."""
+
+    def __init__(self, tables: list[ScrapeTable[Any]]) -> None:
+        self.tables = tables
+
+    def collect(self) -> Iterator[Metric]:
+        for scrape in self.tables:
+            rows = scrape.rows()
+            for column in scrape.table.columns:
+                family = _family(column, scrape.table.labels)
+                for row in rows:
+                    value = column.value(row)
+                    if value is not None:
+                        labels = [*scrape.table.ids(row), *column.extra(row)]
+                        family.add_metric(labels, value)  # type: ignore[attr-defined]
+                yield family
 
 
 def reference(snapshot: Snapshot, *, openmetrics: bool) -> bytes:
@@ -164,77 +204,6 @@ gpus = st.builds(
         st.builds(GpuProcessMemory, st.integers(1, 2**22), st.integers(0, 2**40)), max_size=2
     ).map(tuple),
 )
-collector = st.sampled_from(["handshake", "vllm_http", "nvml"])
-target = st.sampled_from(["ipc://x", "http://a", "local"])
-changes = st.one_of(
-    st.tuples(st.just("publish"), collector, target, st.lists(reports, max_size=4)),
-    st.tuples(st.just("update"), collector, target, reports),
-    st.tuples(st.just("remove"), collector, target, reports),
-    st.tuples(st.just("fail"), collector, target, label_text),
-    st.tuples(st.just("reject"), collector, target, label_text),
-    st.tuples(st.just("gpus"), collector, target, st.lists(gpus, max_size=3)),
-)
-
-
-def apply(store: StateStore, change: tuple[Any, ...]) -> None:
-    kind, name, where, what = change
-    if kind == "publish":
-        store.publish(name, where, what, duration_s=0.25)
-    elif kind == "update":
-        store.update_engine(name, where, what)
-    elif kind == "remove":
-        store.remove_engine(name, where, what.engine, what.instance_id)
-    elif kind == "fail":
-        store.fail(name, where, "timeout", what, stale=bool(len(what) % 2))
-    elif kind == "reject":
-        store.reject(name, where, "malformed_frame", what)
-    else:
-        store.publish_gpus(name, where, what)
-
-
-@given(st.lists(changes, min_size=1, max_size=8))
-def test_every_state_renders_as_prometheus_client_renders_it(
-    steps: list[tuple[Any, ...]],
-) -> None:
-    clock = iter(range(1_000_000, 2_000_000))
-    store = StateStore(lambda: float(next(clock)), priority={"handshake": 0, "vllm_http": 1})
-    cache = ExpositionCache(store.snapshot, process_metrics=False)
-    with capture_logs():
-        for change in steps:
-            apply(store, change)
-            assert_same_as_prometheus_client(cache, store.snapshot())
-
-
-def test_a_real_deployment_renders_as_prometheus_client_renders_it() -> None:
-    store = rich_store()
-    cache = ExpositionCache(store.snapshot, process_metrics=False)
-    assert_same_as_prometheus_client(cache, store.snapshot())
-    # Polls later: new timestamps, the same capacity; then one engine fewer.
-    polled = gemma_reports("gemma-3-27b-text-dp2-tp2")
-    store.publish("vllm_http", "http://a", polled)
-    assert_same_as_prometheus_client(cache, store.snapshot())
-    store.publish("vllm_http", "http://a", polled[:1])
-    assert_same_as_prometheus_client(cache, store.snapshot())
-
-
-def test_process_metrics_follow_the_cached_part_in_both_formats() -> None:
-    store = rich_store()
-    cache = ExpositionCache(store.snapshot)
-    expected = reference(store.snapshot(), openmetrics=False)
-    body = cache.body(accept_encoding="gzip")
-    text = gzip.decompress(body.content)
-    assert text.startswith(expected)
-    assert b"\nprocess_" in text[len(expected) - 1 :] or text[len(expected) :].startswith(
-        b"# HELP process_"
-    )
-    om = gzip.decompress(cache.body(accept=OPENMETRICS, accept_encoding="gzip").content)
-    assert om.startswith(reference(store.snapshot(), openmetrics=True).removesuffix(b"# EOF\n"))
-    assert om.endswith(b"# EOF\n")
-    assert om.count(b"# EOF") == 1
-
-
-# --- the per-scrape families ----------------------------------------------------------
-
 BUCKETS = len(LIFETIME_BUCKETS_S) + 1  # and +Inf
 pools = st.builds(
     PoolView,
@@ -261,6 +230,81 @@ residency_views = st.builds(
     gaps_total=st.integers(0, 2**40),
     up=st.booleans(),
 )
+residencies = st.lists(residency_views, max_size=3)
+collector = st.sampled_from(["handshake", "vllm_http", "nvml"])
+target = st.sampled_from(["ipc://x", "http://a", "local"])
+changes = st.one_of(
+    st.tuples(st.just("publish"), collector, target, st.lists(reports, max_size=4)),
+    st.tuples(st.just("update"), collector, target, reports),
+    st.tuples(st.just("remove"), collector, target, reports),
+    st.tuples(st.just("fail"), collector, target, label_text),
+    st.tuples(st.just("reject"), collector, target, label_text),
+    st.tuples(st.just("gpus"), collector, target, st.lists(gpus, max_size=3)),
+    st.tuples(st.just("residency"), st.just("kv_events"), st.just(""), residencies),
+)
+
+
+def apply(store: StateStore, change: tuple[Any, ...]) -> None:
+    kind, name, where, what = change
+    if kind == "publish":
+        store.publish(name, where, what, duration_s=0.25)
+    elif kind == "update":
+        store.update_engine(name, where, what)
+    elif kind == "remove":
+        store.remove_engine(name, where, what.engine, what.instance_id)
+    elif kind == "fail":
+        store.fail(name, where, "timeout", what, stale=bool(len(what) % 2))
+    elif kind == "reject":
+        store.reject(name, where, "malformed_frame", what)
+    elif kind == "residency":
+        store.publish_residency(name, what)
+    else:
+        store.publish_gpus(name, where, what)
+
+
+@given(st.lists(changes, min_size=1, max_size=8))
+def test_every_state_renders_as_prometheus_client_renders_it(
+    steps: list[tuple[Any, ...]],
+) -> None:
+    clock = iter(range(1_000_000, 2_000_000))
+    store = StateStore(lambda: float(next(clock)), priority={"handshake": 0, "vllm_http": 1})
+    cache = build_exposition(store.snapshot, process=False)
+    with capture_logs():
+        for change in steps:
+            apply(store, change)
+            assert_same_as_prometheus_client(cache, store.snapshot())
+
+
+def test_a_real_deployment_renders_as_prometheus_client_renders_it() -> None:
+    store = rich_store()
+    cache = build_exposition(store.snapshot, process=False)
+    assert_same_as_prometheus_client(cache, store.snapshot())
+    # Polls later: new timestamps, the same capacity; then one engine fewer.
+    polled = gemma_reports("gemma-3-27b-text-dp2-tp2")
+    store.publish("vllm_http", "http://a", polled)
+    assert_same_as_prometheus_client(cache, store.snapshot())
+    store.publish("vllm_http", "http://a", polled[:1])
+    assert_same_as_prometheus_client(cache, store.snapshot())
+
+
+def test_process_metrics_follow_the_cached_part_in_both_formats() -> None:
+    store = rich_store()
+    cache = build_exposition(store.snapshot)
+    expected = reference(store.snapshot(), openmetrics=False)
+    body = cache.body(accept_encoding="gzip")
+    text = gzip.decompress(body.content)
+    assert text.startswith(expected)
+    assert b"\nprocess_" in text[len(expected) - 1 :] or text[len(expected) :].startswith(
+        b"# HELP process_"
+    )
+    om = gzip.decompress(cache.body(accept=OPENMETRICS, accept_encoding="gzip").content)
+    assert om.startswith(reference(store.snapshot(), openmetrics=True).removesuffix(b"# EOF\n"))
+    assert om.endswith(b"# EOF\n")
+    assert om.count(b"# EOF") == 1
+
+
+# --- the per-scrape families ----------------------------------------------------------
+
 web_events = st.lists(
     st.one_of(
         st.tuples(st.just("reject"), st.sampled_from(REJECT_REASONS)),
@@ -287,18 +331,8 @@ def fake_proc(folder: Path, stat: list[int], max_fds: int, fds: int) -> ProcessC
     return ProcessCollector(pid=lambda: 42, proc=str(folder), registry=None)
 
 
-class _Residency:
-    """The reference: the residency families of whatever views are current."""
-
-    def __init__(self, views: list[ResidencyView]) -> None:
-        self.views = views
-
-    def collect(self) -> Iterator[Metric]:
-        return prefix_cache_families(self.views)
-
-
 @given(
-    scrapes=st.lists(st.lists(residency_views, max_size=3), min_size=1, max_size=3),
+    scrapes=st.integers(1, 3),
     events=web_events,
     stat=st.lists(st.integers(0, 2**50), min_size=22, max_size=22),
     max_fds=st.integers(1, 2**20),
@@ -306,7 +340,7 @@ class _Residency:
 )
 def test_the_per_scrape_families_render_as_prometheus_client_renders_them(
     tmp_path_factory: pytest.TempPathFactory,
-    scrapes: list[list[ResidencyView]],
+    scrapes: int,
     events: list[tuple[str, Any]],
     stat: list[int],
     max_fds: int,
@@ -315,19 +349,14 @@ def test_the_per_scrape_families_render_as_prometheus_client_renders_them(
     counters = WebCounters()
     proc = tmp_path_factory.mktemp("proc")
     process = fake_proc(proc, stat, max_fds, fds)
-    residency = _Residency([])
     store = StateStore()
-    cache = ExpositionCache(
-        store.snapshot,
-        process_metrics=False,
-        per_scrape=[counters, PrefixCacheCollector(lambda: residency.views), process],
-    )
+    reader = ProcessReader(pid=lambda: 42, proc=str(proc))
+    cache = build_exposition(store.snapshot, counters, proc=reader)
     registry = CollectorRegistry(auto_describe=False)
-    for collector in (_Families(store.snapshot()), counters, residency, process):
+    for collector in (_Families(store.snapshot()), _ScrapeFamilies(web_tables(counters)), process):
         registry.register(collector)
-    # Each scrape sees other views (some engines kept, some changed) and more counts.
-    for number, views in enumerate(scrapes):
-        residency.views = views
+    # Each scrape sees more counts.
+    for number in range(scrapes):
         for kind, what in events[number::2]:
             if kind == "reject":
                 counters.reject(what)
@@ -344,15 +373,6 @@ def test_the_per_scrape_families_render_as_prometheus_client_renders_them(
             assert cache.body(accept=accept).content == expected[openmetrics]
             zipped = cache.body(accept=accept, accept_encoding="gzip").content
             assert gzip.decompress(zipped) == expected[openmetrics]
-    # kvcap's own process_* writer reads the same files as ProcessCollector.
-    only_process = CollectorRegistry(auto_describe=False)
-    only_process.register(process)
-    text = ProcessText(pid=lambda: 42, proc=str(proc))
-    assert text.text(openmetrics=False).encode() == text_format.generate_latest(only_process)
-    assert (
-        text.text(openmetrics=True).encode() + b"# EOF\n"
-        == openmetrics_format.generate_latest(only_process)  # type: ignore[no-untyped-call]
-    )
 
 
 def test_the_process_series_are_those_of_prometheus_client() -> None:
@@ -362,15 +382,17 @@ def test_the_process_series_are_those_of_prometheus_client() -> None:
     def names(text: str) -> list[str]:
         return [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
 
-    assert names(ProcessText().text(openmetrics=False)) == names(
-        text_format.generate_latest(registry).decode()
-    )
-    assert ProcessText(proc="/no/such/proc").text(openmetrics=False) == ""
+    body = build_exposition(StateStore().snapshot).body().content.decode()
+    ours = [name for name in names(body) if name.startswith("process_")]
+    assert ours == names(text_format.generate_latest(registry).decode())
+    unreadable = ProcessReader(proc="/no/such/proc")
+    body = build_exposition(StateStore().snapshot, proc=unreadable).body().content.decode()
+    assert "# TYPE process_" not in body
 
 
 def test_a_snapshot_prepared_after_a_change_is_served_without_rendering_again() -> None:
     store = rich_store()
-    cache = ExpositionCache(store.snapshot, process_metrics=False)
+    cache = build_exposition(store.snapshot, process=False)
     store.subscribe(cache.prepare)
     store.publish("vllm_http", "http://a", gemma_reports("gemma-3-27b-text-dp2-tp2"))
     with patch.object(Renderer, "render", side_effect=AssertionError("rendered on the scrape")):
@@ -379,7 +401,7 @@ def test_a_snapshot_prepared_after_a_change_is_served_without_rendering_again() 
 
 def test_a_render_that_fails_after_a_change_is_logged_once_and_left_to_the_scrape() -> None:
     store = rich_store()
-    cache = ExpositionCache(store.snapshot, process_metrics=False)
+    cache = build_exposition(store.snapshot, process=False)
     store.subscribe(cache.prepare)
     polled = gemma_reports("gemma-3-27b-text-dp2-tp2")
     with (

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families as text_fami
 from structlog.testing import capture_logs
 
 from exporter.capacity import EngineCapacity
-from exporter.exposition import ExpositionCache
+from exporter.exposition import build_exposition
 from exporter.state import EngineReport, StateStore
 from tests.faults.harness import running_exporter
 
@@ -194,7 +194,7 @@ def _body(number: int) -> str:
     store = StateStore()
     with capture_logs():
         store.publish("handshake", TARGET, generation(number))
-    return ExpositionCache(store.snapshot, process_metrics=False).body().content.decode()
+    return build_exposition(store.snapshot, process=False).body().content.decode()
 
 
 def test_the_check_sees_a_torn_body() -> None:

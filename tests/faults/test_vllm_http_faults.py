@@ -133,7 +133,7 @@ def test_a_killed_vllm_is_down_within_one_poll_and_stale_after_the_ttl(
             "engines stale",
         )
     assert stale.by_engine("kvcap_kv_cache_capacity_tokens") == capacity
-    assert stale.value("kvcap_scrape_collector_success", collector="vllm_http") == 0
+    assert stale.value("kvcap_collector_all_targets_up", collector="vllm_http") == 0
     # One log line for the state change, not one per failed poll.
     assert [e["event"] for e in logs if e["event"] == "collector_failed"] == ["collector_failed"]
     assert errors(stale) >= 3
@@ -179,19 +179,21 @@ def test_engine_restarts_and_removals_are_picked_up_within_one_poll(
     plan = derive_capacity(
         simulation.config, simulation.settings, available_kv_bytes_per_worker=30_000_000_000
     )
-    assert plan.num_gpu_blocks not in before.values()
+    assert plan.capacity.num_gpu_blocks not in before.values()
     with capture_logs() as logs:
         simulation.plan = plan
         metrics = deployment.until(
-            lambda m: set(m.by_engine("kvcap_kv_cache_blocks").values()) == {plan.num_gpu_blocks},
+            lambda m: (
+                set(m.by_engine("kvcap_kv_cache_blocks").values()) == {plan.capacity.num_gpu_blocks}
+            ),
             ONE_POLL_S,
             "the new block count",
         )
         assert set(metrics.by_engine("kvcap_kv_cache_capacity_tokens").values()) == {
-            plan.kv_cache_size_tokens
+            plan.capacity.kv_cache_size_tokens
         }
         assert set(metrics.by_engine("kvcap_kv_cache_derived_capacity_tokens").values()) == {
-            plan.kv_cache_size_tokens
+            plan.capacity.kv_cache_size_tokens
         }
         assert set(metrics.by_engine("kvcap_kv_cache_capacity_mismatch").values()) == {0}
         # Engine 1 goes away (its DP rank was scaled down).
@@ -203,7 +205,7 @@ def test_engine_restarts_and_removals_are_picked_up_within_one_poll(
         )
     restarts = [e for e in logs if e["event"] == "engine_restarted"]
     assert sorted(e["engine"] for e in restarts) == ["0", "1"]
-    assert {e["num_gpu_blocks"] for e in restarts} == {plan.num_gpu_blocks}
+    assert {e["num_gpu_blocks"] for e in restarts} == {plan.capacity.num_gpu_blocks}
     assert [e["engine"] for e in logs if e["event"] == "engine_vanished"] == ["1"]
 
 
@@ -286,7 +288,7 @@ def test_a_model_config_unreadable_at_start_is_read_within_one_poll_once_readabl
         metrics = deployment.until(lambda m: fresh(m, 2), 5.0, "the first good poll")
         # vLLM's own numbers are exported; the derived ones are absent, with a reason.
         reported = metrics.by_engine("kvcap_kv_cache_capacity_tokens")
-        assert set(reported.values()) == {deployment.simulation.plan.kv_cache_size_tokens}
+        assert set(reported.values()) == {deployment.simulation.plan.capacity.kv_cache_size_tokens}
         assert derived(metrics) == {}
         # The reason names the file that cannot be read, not a missing --model.config.
         document = engines_document(deployment.url)
@@ -363,7 +365,7 @@ def test_a_model_replaced_in_place_is_derived_from_its_new_config(
             llama, simulation.settings, available_kv_bytes_per_worker=30_000_000_000
         )
         metrics = deployment.until(
-            lambda m: set(derived(m).values()) == {simulation.plan.kv_cache_size_tokens},
+            lambda m: set(derived(m).values()) == {simulation.plan.capacity.kv_cache_size_tokens},
             ONE_POLL_S + 1.0,
             "derived from the new config",
         )

@@ -30,6 +30,7 @@ from exporter.capacity import (
     supported_families,
 )
 from exporter.errors import KvcapError
+from tests.capacity.figures import known
 from tests.conftest import FIXTURES, load_golden_cases
 from tests.fuzz.mutations import HOSTILE_NUMBERS, garbage, mutated
 
@@ -185,37 +186,40 @@ def derive(config: Any, kwargs: dict[str, Any], memory: dict[str, int]) -> Capac
 def check_plan(result: CapacityResult, kwargs: dict[str, Any], memory: dict[str, int]) -> None:
     """vLLM's arithmetic, which every plan obeys whatever the model."""
     for name in ("num_gpu_blocks", "block_size", "max_model_len", "kv_cache_size_tokens"):
-        value = getattr(result, name)
+        value = getattr(result.capacity, name)
         assert type(value) is int, (name, value)
-    assert isinstance(result.max_concurrency, float)
-    assert math.isfinite(result.max_concurrency)
-    assert result.groups
+    figures = known(result)
+    assert isinstance(result.capacity.kv_cache_max_concurrency, float)
+    assert math.isfinite(figures.kv_cache_max_concurrency)
+    assert result.capacity.groups
     assert result.blocks_per_request > 0
     # The null block is held back, and one full-length request must fit.
-    assert result.num_gpu_blocks >= result.blocks_per_request + 1
-    assert result.max_model_len >= 1
-    assert result.block_size >= 1
-    assert result.max_concurrency == result.num_gpu_blocks / result.blocks_per_request
-    assert result.kv_cache_size_tokens == int(result.max_concurrency * result.max_model_len)
-    assert result.kv_cache_size_tokens >= result.max_model_len
+    assert figures.num_gpu_blocks >= result.blocks_per_request + 1
+    assert figures.max_model_len >= 1
+    assert (result.capacity.block_size or 0) >= 1
+    assert figures.kv_cache_max_concurrency == figures.num_gpu_blocks / result.blocks_per_request
+    assert figures.kv_cache_size_tokens == int(
+        figures.kv_cache_max_concurrency * figures.max_model_len
+    )
+    assert figures.kv_cache_size_tokens >= figures.max_model_len
     tp = kwargs.get("tensor_parallel_size", 1)
     pp = kwargs.get("pipeline_parallel_size", 1)
-    assert len(result.bytes_per_block_per_worker) == tp * pp
-    assert all(type(b) is int and b >= 0 for b in result.bytes_per_block_per_worker)
-    for group in result.groups:
+    assert len(result.capacity.bytes_per_block_per_worker) == tp * pp
+    assert all(type(b) is int and b >= 0 for b in result.capacity.bytes_per_block_per_worker)
+    for group in result.capacity.groups:
         assert group.block_size >= 1
         assert group.page_size_bytes >= 1
         assert group.blocks_per_request >= 1
         assert group.num_layers >= 0
     override = kwargs.get("num_gpu_blocks_override")
     if override is not None:
-        assert result.num_gpu_blocks == override
+        assert figures.num_gpu_blocks == override
     elif "num_gpu_blocks" in memory:
-        assert result.num_gpu_blocks == memory["num_gpu_blocks"]
+        assert figures.num_gpu_blocks == memory["num_gpu_blocks"]
     else:
         available = memory["available_kv_bytes_per_worker"]
-        for bytes_per_block in result.bytes_per_block_per_worker:
-            assert result.num_gpu_blocks * bytes_per_block <= available
+        for bytes_per_block in result.capacity.bytes_per_block_per_worker:
+            assert figures.num_gpu_blocks * bytes_per_block <= available
 
 
 def bounded(config: Any) -> bool:
@@ -512,8 +516,8 @@ def test_llama4_attention_chunk_size_0_is_full_attention() -> None:
     # vLLM chunks a RoPE layer only when attention_chunk_size is truthy; a chunk of 0 was
     # planned as a chunked group.
     zero = derive_capacity({**LLAMA4, "attention_chunk_size": 0}, EngineSettings(), **BLOCKS)
-    assert {group.kind for group in zero.groups} == {"full_attention"}
-    assert all(group.attention_chunk_size is None for group in zero.groups)
+    assert {group.kind for group in zero.capacity.groups} == {"full_attention"}
+    assert all(group.attention_chunk_size is None for group in zero.capacity.groups)
 
 
 @pytest.mark.parametrize("no_limit", [10**30, 1e30], ids=["int", "float"])

@@ -37,7 +37,7 @@ from exporter.collectors.parsing import (
     parse_vllm_metrics,
     parse_vllm_serve_args,
 )
-from exporter.exposition import ExpositionCache
+from exporter.exposition import build_exposition
 from exporter.model_config import load_model_config
 from exporter.state import StateStore
 from tests.conftest import GOLDEN
@@ -295,7 +295,7 @@ def serve_and_parse(reading: ServerReading) -> None:
     store = StateStore()
     with capture_logs():  # one "engine_added" line per engine and example is noise here
         store.publish("vllm_http", "http://vllm:8000", reading.reports)
-    cache = ExpositionCache(store.snapshot, process_metrics=False)
+    cache = build_exposition(store.snapshot, process=False)
     try:
         text = cache.body().content.decode("utf-8")
     except UnicodeEncodeError as error:

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from exporter.collectors import HandshakeReceiver, HandshakeSettings
-from exporter.exposition import ExpositionCache
+from exporter.exposition import build_exposition
 from exporter.handshake_wire import (
     BYE_TOPIC,
     READY_TOPIC,
@@ -164,7 +164,7 @@ def check_state(store: StateStore) -> None:
 
 def render(store: StateStore) -> None:
     """The state after the messages renders to a body Prometheus' parser reads."""
-    text = ExpositionCache(store.snapshot, process_metrics=False).body().content.decode()
+    text = build_exposition(store.snapshot, process=False).body().content.decode()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             assert isinstance(sample.value, float)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from exporter.kv_events_wire import decode_batch
-from exporter.prefix_cache import EngineResidency, ResidencyView
+from exporter.prefix_cache import EngineResidency
+from exporter.state import ResidencyView
 from tests.kv_events_data import EVICTIONS, LIVE_POOL_BLOCKS, SHARED_PREFIX, frames
 
 HYBRID = "gemma3-0.32.0-sliding-window.msgpack"

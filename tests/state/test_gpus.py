@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.exposition import ExpositionCache
+from exporter.exposition import build_exposition
 from exporter.state import GpuProcessMemory, GpuReport, StateStore
 from tests.state.helpers import deployment, reports
 
@@ -95,7 +95,7 @@ def test_headroom_uses_the_most_constrained_gpu() -> None:
 
 
 def test_gpu_series_are_exported_and_join_with_engines() -> None:
-    body = ExpositionCache(gemma_store([gpu(i) for i in range(4)]).snapshot).body().content
+    body = build_exposition(gemma_store([gpu(i) for i in range(4)]).snapshot).body().content
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}
     assert len(families["kvcap_gpu_memory_total_bytes"].samples) == 4
     assert families["kvcap_gpu_info"].samples[0].labels["name"] == "NVIDIA H200"

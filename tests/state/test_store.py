@@ -8,7 +8,7 @@ from structlog.testing import capture_logs
 
 from exporter.capacity import EngineCapacity
 from exporter.collectors import collector_priority
-from exporter.state import EngineReport, StateStore
+from exporter.state import EngineReport, PoolView, ResidencyView, StateStore
 from tests.state.helpers import deployment, reports
 
 
@@ -194,3 +194,52 @@ def test_listeners_hear_of_each_change_of_the_data_not_of_rejected_input() -> No
     # Each heard the snapshot its change made, in order.
     assert heard == sorted(heard)
     assert heard[-1] == store.snapshot().version
+
+
+def residency(engine: str, resident: int) -> ResidencyView:
+    pool = PoolView(0, "GPU", resident, 16, "full_attention", resident, 0, (0,) * 14, 0.0)
+    return ResidencyView(engine, (pool,), 100, False, None, 0, resident, {}, 0, True)
+
+
+def test_residency_records_join_the_snapshot_and_idle_engines_keep_theirs() -> None:
+    store = StateStore()
+    heard: list[int] = []
+    store.subscribe(lambda: heard.append(store.snapshot().version))
+    first, second = residency("10", 3), residency("2", 5)
+    store.publish_residency("kv_events", [first, second])
+    assert store.snapshot().residency == (second, first)  # in engine order
+    moved = residency("10", 4)
+    store.publish_residency("kv_events", [moved])
+    found = store.snapshot().residency
+    assert found[0] is second  # the same record: a renderer keeps its bytes
+    assert found[1] is moved
+    assert len(heard) == 2
+    store.publish_residency("kv_events", [])  # nothing moved: no new snapshot
+    assert len(heard) == 2
+
+
+def test_the_store_counts_each_engine_restart_once_whichever_collector_sees_it() -> None:
+    store = StateStore(priority=collector_priority())
+    one = reports()[0]
+    with capture_logs():
+        store.publish("handshake", "ipc://h", [replace(one, instance_id="a")])
+        assert store.snapshot().restarts == {}
+        store.publish("handshake", "ipc://h", [replace(one, instance_id="b")])
+        store.publish("vllm_http", "http://a", [replace(one, instance_id="b")])
+    assert store.snapshot().restarts == {one.engine: 1}
+
+
+def test_a_view_merges_every_field_of_the_reports_first_known_first() -> None:
+    store = StateStore(priority={"handshake": 0, "vllm_http": 1})
+    base = reports()[0]
+    store.publish(
+        "handshake", "ipc://h", [replace(base, model_name="", platform=None, local_rank=0)]
+    )
+    store.publish(
+        "vllm_http", "http://a", [replace(base, model_name="m", platform="cuda", local_rank=3)]
+    )
+    (view,) = [v for v in store.snapshot().engines if v.engine == base.engine]
+    assert view.model_name == "m"  # "" is unknown
+    assert view.platform == "cuda"
+    assert view.local_rank == 0  # 0 is known: the best collector's
+    assert view.collectors == ("handshake", "vllm_http")
