@@ -172,13 +172,15 @@ def test_gpu_memory_gives_a_labelled_estimate_from_the_weights_index(tmp_path: P
     assert memory["exact"] is False
     assert estimate["gpu"] == "H100 80GB"
     assert estimate["gpu_total_bytes"] == 81559 * 2**20
-    assert estimate["weights_bytes_per_worker"] == 16_060_522_496 // 2
+    # One TP rank's weights as vLLM 0.32 builds them (tests/fixtures/golden/weights:
+    # llama-3.1-8b|bf16|tp2); the index's total is quoted beside them.
+    assert estimate["weights_bytes_per_worker"] == 8_064_082_432
     assert memory["bytes_per_worker"] == (
-        int(81559 * 2**20 * 0.8) - 16_060_522_496 // 2 - estimate["margin_bytes"]
+        int(81559 * 2**20 * 0.8) - 8_064_082_432 - estimate["margin_bytes"]
     )
-    # Without the index the weights come from config.json's shapes, and the output says so.
+    # Without the index the weights are computed from config.json alone, and the output says so.
     plain = capacity_json(LLAMA, "--gpu-memory", "79.5")
-    assert "parameters estimated from config.json" in plain["used"]["kv_cache_memory"]["source"]
+    assert "computed from config.json" in plain["used"]["kv_cache_memory"]["source"]
     assert plain["used"]["kv_cache_memory"]["estimate"]["gpu_total_bytes"] == int(79.5 * 2**30)
 
 

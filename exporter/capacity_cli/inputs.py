@@ -14,16 +14,14 @@ from typing import Any
 
 from exporter.capacity import (
     EngineSettings,
-    HfConfig,
     ReleaseRules,
-    dtype_bytes,
     parse_version,
     release_rules,
 )
+from exporter.capacity.weights import ParallelLayout, WorkerWeights, weights_per_worker
 from exporter.capacity_cli.memory import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     MemoryEstimate,
-    estimate_parameters,
     parse_gpu_memory,
 )
 from exporter.collectors.parsing import (
@@ -32,7 +30,7 @@ from exporter.collectors.parsing import (
     to_engine_settings,
     without_launcher,
 )
-from exporter.errors import ConfigError, KvcapError, UsageError
+from exporter.errors import ConfigError, UsageError
 from exporter.model_config import ResolvedModel, load_model_config, resolve_model
 
 # The platform planned for without `--platform`.
@@ -177,10 +175,14 @@ def kv_memory(
         source = "--kv-cache-memory-bytes (exact: vLLM skips memory profiling)"
         return KvMemory(source, True, vllm.kv_cache_memory_bytes)
     if args.gpu_memory is not None:
+        weights = _weights(model, config, settings, vllm)
         estimate = MemoryEstimate(
             gpu=parse_gpu_memory(args.gpu_memory),
             utilization=vllm.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION,
-            **_weights(model, config, settings),
+            # MemoryEstimate splits the whole model's bytes evenly: give it the binding
+            # worker's share times the workers.
+            weights_bytes=weights.bytes_per_worker * settings.world_size,
+            weights_source=weights.source,
             world_size=settings.world_size,
         )
         return KvMemory(estimate.describe(), False, estimate.kv_bytes, estimate=estimate)
@@ -192,31 +194,56 @@ def kv_memory(
 
 
 def _weights(
-    model: ResolvedModel, config: Mapping[str, Any], settings: EngineSettings
-) -> dict[str, Any]:
+    model: ResolvedModel, config: Mapping[str, Any], settings: EngineSettings, vllm: VllmServeArgs
+) -> WorkerWeights:
+    """The binding worker's weight bytes: computed from config.json as vLLM splits and
+    quantizes the layers; the checkpoint's own total (its safetensors index) is the
+    fallback where the model is not modelled, split evenly over the workers."""
+    layout = ParallelLayout(
+        tensor_parallel_size=settings.tensor_parallel_size,
+        pipeline_parallel_size=settings.pipeline_parallel_size,
+        enable_expert_parallel=_expert_parallel(vllm),
+        data_parallel_size=vllm.data_parallel_size or 1,
+    )
+    checkpoint = _checkpoint_total(model)
+    try:
+        computed = weights_per_worker(config, layout, settings.dtype)
+    except ConfigError as error:
+        if checkpoint is None:
+            raise ConfigError(
+                f"{model.config_file}: cannot size the weights ({error}); give "
+                "--kv-cache-memory-bytes"
+            ) from None
+        total, name = checkpoint
+        share = -(-total // settings.world_size)
+        source = f"{name} split evenly over {settings.world_size} worker(s); {error}"
+        return WorkerWeights(share, source, 0, (share,), "from the checkpoint")
+    if checkpoint is None:
+        return computed
+    total, name = checkpoint
+    source = f"{computed.source}; the checkpoint's {name}: {total / 2**30:.2f} GiB in all"
+    return dataclasses.replace(computed, source=source, checkpoint_total_bytes=total)
+
+
+def _expert_parallel(vllm: VllmServeArgs) -> bool:
+    return any(flag in ("--enable-expert-parallel", "-ep") for flag in vllm.ignored)
+
+
+def _checkpoint_total(model: ResolvedModel) -> tuple[int, str] | None:
+    """The checkpoint's total tensor bytes: its index's `total_size`, or the size of a
+    single model.safetensors; None when the folder has neither."""
     index = model.folder / "model.safetensors.index.json"
     try:
         document = json.loads(index.read_text(encoding="utf-8"))
         total = document["metadata"]["total_size"]
         if type(total) is int and total > 0:
-            return {"weights_bytes": total, "weights_source": f"total_size of {index.name}"}
+            return total, f"total_size of {index.name}"
     except (OSError, ValueError, KeyError, TypeError):
         pass
     single = model.folder / "model.safetensors"
     if single.is_file():
-        return {"weights_bytes": single.stat().st_size, "weights_source": "model.safetensors"}
-    try:
-        element = dtype_bytes(HfConfig(config).model_dtype(settings.dtype))
-    except KvcapError:
-        element = 2
-    params = estimate_parameters(config)
-    if params == 0:
-        raise ConfigError(
-            f"{model.config_file}: too few shapes to estimate the weights; give "
-            "--kv-cache-memory-bytes"
-        )
-    source = f"~{params / 1e9:.1f}B parameters estimated from config.json x {element} bytes"
-    return {"weights_bytes": params * element, "weights_source": source}
+        return single.stat().st_size, "model.safetensors"
+    return None
 
 
 def _not_modelled(vllm: VllmServeArgs) -> tuple[str, ...]:

@@ -1,0 +1,117 @@
+"""Weight bytes per worker: the splitting rules and hostile quantization configs."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.capacity.weights import ParallelLayout, _pp_indices, weights_per_worker
+from exporter.capacity.weights_quantization import parse_quantization
+from exporter.errors import ConfigError
+
+CASES = json.loads(
+    (Path(__file__).parent.parent / "fixtures" / "golden" / "weights" / "cases.json").read_text(
+        encoding="utf-8"
+    )
+)
+GIB = 2**30
+
+
+def _config(name: str, quantization: str | None = None) -> dict[str, Any]:
+    config: dict[str, Any] = copy.deepcopy(CASES["configs"][name])
+    if quantization:
+        config["quantization_config"] = CASES["quantizations"][quantization]
+    return config
+
+
+@pytest.mark.parametrize(
+    ("layers", "size", "expected"),
+    [
+        (32, 2, [(0, 16), (16, 32)]),
+        (61, 2, [(0, 31), (31, 61)]),  # the extra layer goes to the first stage
+        (10, 4, [(0, 2), (2, 5), (5, 8), (8, 10)]),  # remainder 2 = size - 2: middle stages
+        (11, 4, [(0, 3), (3, 6), (6, 9), (9, 11)]),  # remainder 3: all but the last
+    ],
+)
+def test_pipeline_stages_split_as_vllm_splits(
+    layers: int, size: int, expected: list[tuple[int, int]]
+) -> None:
+    assert [_pp_indices(layers, rank, size) for rank in range(size)] == expected
+
+
+def test_data_parallel_does_not_change_a_worker() -> None:
+    config = _config("llama-3.1-8b")
+    one = weights_per_worker(config, ParallelLayout(2))
+    assert weights_per_worker(config, ParallelLayout(2, data_parallel_size=4)) == one
+
+
+def test_expert_parallel_spreads_experts_over_tp_times_dp() -> None:
+    config = _config("qwen3-30b-a3b")
+    tp2 = weights_per_worker(config, ParallelLayout(2, enable_expert_parallel=True))
+    tp2_dp2 = weights_per_worker(
+        config, ParallelLayout(2, enable_expert_parallel=True, data_parallel_size=2)
+    )
+    assert tp2_dp2.bytes_per_worker < tp2.bytes_per_worker
+
+
+def test_quantized_models_are_smaller_per_worker() -> None:
+    """The issue's cases: gpt-oss-120b fits one H100, DeepSeek-V3 FP8 fits 8 x H200."""
+    gpt_oss = weights_per_worker(_config("gpt-oss-120b", "mxfp4"), ParallelLayout())
+    assert 60 * GIB < gpt_oss.bytes_per_worker < 70 * GIB
+    deepseek = weights_per_worker(_config("deepseek-v3", "fp8-block"), ParallelLayout(8))
+    assert 75 * GIB < deepseek.bytes_per_worker < 85 * GIB
+    assert "fp8 block 128x128" in deepseek.source
+
+
+def test_the_binding_stage_is_the_largest() -> None:
+    weights = weights_per_worker(_config("llama-3.2-1b"), ParallelLayout(1, 2))
+    assert weights.bytes_per_worker == max(weights.stage_bytes)
+    assert weights.binding_stage == weights.stage_bytes.index(max(weights.stage_bytes))
+    assert "PP stage" in weights.source
+
+
+@pytest.mark.parametrize(
+    "quantization_config",
+    [
+        "fp8",
+        {"quant_method": "bitsandbytes", "load_in_4bit": True},
+        {"quant_method": "compressed-tensors", "config_groups": {}},
+        {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": 3}}},
+        {"quant_method": "no-such-method"},
+    ],
+)
+def test_unknown_or_malformed_quantization_is_a_config_error(quantization_config: Any) -> None:
+    config = _config("llama-3.1-8b")
+    config["quantization_config"] = quantization_config
+    with pytest.raises(ConfigError):
+        weights_per_worker(config, ParallelLayout())
+
+
+def test_hostile_quantization_fields_fall_back_or_refuse() -> None:
+    """Wrong types in a quantization config never become a size."""
+    awq = parse_quantization({"quantization_config": {"quant_method": "awq", "bits": "4"}})
+    assert awq.bits == 4  # a string is not read; the default applies
+    block = parse_quantization(
+        {"quantization_config": {"quant_method": "fp8", "weight_block_size": ["a", 1]}}
+    )
+    assert block.block is None
+    config = _config("llama-3.1-8b")
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 0}
+    with pytest.raises(ConfigError):
+        weights_per_worker(config, ParallelLayout())
+
+
+def test_indivisible_heads_are_refused_as_vllm_refuses_them() -> None:
+    with pytest.raises(ConfigError, match="not divisible"):
+        weights_per_worker(_config("qwen2.5-7b"), ParallelLayout(8))  # 28 heads
+
+
+def test_unmodelled_family_is_a_config_error() -> None:
+    config = _config("llama-3.1-8b")
+    config["model_type"] = "no_such_family"
+    with pytest.raises(ConfigError, match="not modelled"):
+        weights_per_worker(config, ParallelLayout())

@@ -1,0 +1,67 @@
+"""Weight bytes per worker against records made by vLLM's own model construction.
+
+The records (tests/fixtures/golden/weights/vllm-*.jsonl) come from
+scripts/weights_golden.py: each release's model classes built on the meta device per
+TP/PP rank, quantization methods applied, every parameter and buffer summed. Each one
+is reproduced here to the byte from config.json alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.capacity.weights import ParallelLayout, weights_per_worker
+
+GOLDEN = Path(__file__).parent.parent / "fixtures" / "golden" / "weights"
+CASES = json.loads((GOLDEN / "cases.json").read_text(encoding="utf-8"))
+
+
+def _records() -> list[dict[str, Any]]:
+    records = []
+    for path in sorted(GOLDEN.glob("vllm-*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            records.append(json.loads(line))
+    return records
+
+
+RECORDS = _records()
+BUILT = [r for r in RECORDS if "error" not in r]
+
+
+def _config(record: dict[str, Any]) -> dict[str, Any]:
+    config: dict[str, Any] = copy.deepcopy(CASES["configs"][record["config"]])
+    if record["quantization"]:
+        config["quantization_config"] = CASES["quantizations"][record["quantization"]]
+    return config
+
+
+@pytest.mark.parametrize("record", BUILT, ids=[f"{r['vllm_version']}:{r['id']}" for r in BUILT])
+def test_bytes_per_worker_match_the_release(record: dict[str, Any]) -> None:
+    layout = ParallelLayout(record["tp"], record["pp"], record["ep"])
+    weights = weights_per_worker(_config(record), layout)
+    assert weights.bytes_per_worker == record["bytes_per_worker"]
+    stages: dict[int, int] = {}
+    for rank in record["ranks"]:
+        stages[rank["pp_rank"]] = max(
+            stages.get(rank["pp_rank"], 0), rank["parameter_bytes"] + rank["buffer_bytes"]
+        )
+    assert weights.stage_bytes == tuple(stages[r] for r in sorted(stages))
+
+
+def test_the_records_cover_the_acceptance_matrix() -> None:
+    """FP8 block-wise, MXFP4, AWQ, GPTQ, compressed-tensors W4A16 and W8A8 across dense,
+    MoE, MLA and hybrid families; TP 1, 2 and 8, PP 2 and expert parallelism."""
+    seen = Counter((r["quantization"], r["config"]) for r in BUILT)
+    quantizations = {q for q, _ in seen}
+    assert {"fp8-block", "mxfp4", "awq", "gptq", "ct-w4a16", "ct-w8a8"} <= quantizations
+    families = {r["config"] for r in BUILT if r["quantization"]}
+    assert {"llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v3", "nemotron-h-8b"} <= families
+    shapes = {(r["tp"], r["pp"], r["ep"]) for r in BUILT}
+    assert {(1, 1, False), (2, 1, False), (8, 1, False), (1, 2, False)} <= shapes
+    assert any(ep for _, _, ep in shapes)
