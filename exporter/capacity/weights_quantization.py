@@ -130,6 +130,11 @@ def _fp8_linear(q: Quantization, s: LinearShape, dtype_bytes: int) -> int:
     n = sum(s.outs)
     if q.block is not None:
         bn, bk = q.block
+        if s.row and s.k != s.k_full and s.k % bk:
+            raise ConfigError(  # vLLM refuses the shape the same way
+                f"FP8 block-wise: a row-parallel layer's input per rank ({s.k}) is not "
+                f"divisible by the block ({bk}); use a smaller --tensor-parallel-size"
+            )
         return n * s.k + _ceil(n, bn) * _ceil(s.k, bk) * FP32
     inputs = len(s.outs) * FP32 if q.static_input_scale else 0
     return n * s.k + len(s.outs) * FP32 + inputs  # one scale per merged projection

@@ -110,6 +110,15 @@ def test_indivisible_heads_are_refused_as_vllm_refuses_them() -> None:
         weights_per_worker(_config("qwen2.5-7b"), ParallelLayout(8))  # 28 heads
 
 
+def test_fp8_blocks_that_a_rank_would_cut_are_refused_as_vllm_refuses_them() -> None:
+    """DeepSeek-V2-Lite's dense MLP (10944) split over TP 2 leaves 5472 inputs per rank,
+    not a multiple of the 128-wide block: vLLM refuses to build it (golden records)."""
+    config = _config("deepseek-v2-lite", "fp8-block")
+    assert weights_per_worker(config, ParallelLayout(1)).bytes_per_worker > 0
+    with pytest.raises(ConfigError, match="not divisible by the block"):
+        weights_per_worker(config, ParallelLayout(2))
+
+
 def test_unmodelled_family_is_a_config_error() -> None:
     config = _config("llama-3.1-8b")
     config["model_type"] = "no_such_family"
