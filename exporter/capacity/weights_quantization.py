@@ -98,6 +98,8 @@ class LinearShape:
     outs: tuple[int, ...]
     row: bool = False
     k_full: int = 0
+    split_outputs: bool = False  # column-parallel over more than one rank
+    column: bool = False  # a ColumnParallelLinear (or its merged and QKV kinds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,14 +132,30 @@ def _fp8_linear(q: Quantization, s: LinearShape, dtype_bytes: int) -> int:
     n = sum(s.outs)
     if q.block is not None:
         bn, bk = q.block
-        if s.row and s.k != s.k_full and s.k % bk:
-            raise ConfigError(  # vLLM refuses the shape the same way
-                f"FP8 block-wise: a row-parallel layer's input per rank ({s.k}) is not "
-                f"divisible by the block ({bk}); use a smaller --tensor-parallel-size"
-            )
+        _check_blocks(s, bn, bk)
         return n * s.k + _ceil(n, bn) * _ceil(s.k, bk) * FP32
     inputs = len(s.outs) * FP32 if q.static_input_scale else 0
     return n * s.k + len(s.outs) * FP32 + inputs  # one scale per merged projection
+
+
+def _check_blocks(s: LinearShape, bn: int, bk: int) -> None:
+    """vLLM refuses a block-wise FP8 layer whose rank cuts a block: a row-parallel input,
+    or an output split across ranks. A merged column-parallel layer whose projections do
+    not fill whole blocks is let through (`allow_fp8_block_shape_mismatch`)."""
+    if s.column and len(s.outs) > 1 and any(size % bn for size in s.outs):
+        return
+    if s.row and s.k != s.k_full and s.k % bk:
+        raise ConfigError(
+            f"FP8 block-wise: a row-parallel layer's input per rank ({s.k}) is not "
+            f"divisible by the block ({bk}); use a smaller --tensor-parallel-size"
+        )
+    checked = s.outs if s.split_outputs else s.outs[:-1]
+    for size in checked:
+        if size % bn:
+            raise ConfigError(
+                f"FP8 block-wise: an output of {size} per rank is not divisible by the block "
+                f"({bn}); use a smaller --tensor-parallel-size"
+            )
 
 
 def _awq_linear(q: Quantization, s: LinearShape, dtype_bytes: int) -> int:

