@@ -163,7 +163,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--only", help="run the cases whose id contains this")
+    parser.add_argument(
+        "--only", nargs="+", help="run only the cases whose id contains one of these"
+    )
     args = parser.parse_args()
     release_golden._PLATFORM[0] = "cuda"
     # Quantization configs import modules that annotate with a stubbed kernel's class
@@ -176,7 +178,7 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", encoding="utf-8") as handle:  # one line per case, as it ends
         for case in document["cases"]:
-            if args.only and args.only not in case["id"]:
+            if args.only and not any(part in case["id"] for part in args.only):
                 continue
             record = run_one(case, document["configs"], document["quantizations"])
             print(case["id"], record.get("bytes_per_worker") or record.get("error"), flush=True)

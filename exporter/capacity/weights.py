@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.capacity.hf_config import HfConfig
-from exporter.capacity.weights_hybrid import granite_hybrid, jamba, nemotron_h
+from exporter.capacity.weights_hybrid import granite_hybrid, jamba, nemotron_h, qwen3_next
 from exporter.capacity.weights_layers import (
     ATTENTION_SCALES,
     VOCAB_PADDING,
@@ -39,7 +39,7 @@ __all__ = ["ParallelLayout", "WorkerWeights", "weights_per_worker"]
 # Model classes that build the embeddings, final norm and LM head on every pipeline
 # stage, not only on the first and last.
 _EDGES_ON_EVERY_STAGE = frozenset(
-    {"qwen3_moe", "mixtral", "gpt_oss", "nemotron_h", "jamba", "granitemoehybrid"}
+    {"qwen3_moe", "mixtral", "gpt_oss", "nemotron_h", "jamba", "granitemoehybrid", "gemma3_text"}
 )
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -104,6 +104,8 @@ def _count_stage(c: RankCounter, rank: int, pp: int) -> None:
     every_stage = hf.model_type in _EDGES_ON_EVERY_STAGE
     if rank == 0 or every_stage:
         c.vocab(vocab, hidden)
+        if hf.model_type == "gemma3_text":
+            c.raw(c.dtype)  # the embedding normalizer, sqrt(hidden_size)
     if rank == pp - 1 or every_stage:
         c.norm(hidden)
         # A tied LM head shares the embeddings only where both are on one stage.
@@ -129,13 +131,16 @@ def _rope_cache_bytes(hf: HfConfig, element: int) -> int:
         element = FP32
     head = hf.head_size() if not hf.is_mla else hf.get_int("qk_rope_head_dim")
     rotary = int(head * float(hf.get("partial_rotary_factor", 1.0)))
-    positions = hf.get_int("max_position_embeddings", 2048)
+    base = positions = hf.get_int("max_position_embeddings", 2048)
     for rope in hf.rope_parameters():
         kind = str(rope.get("rope_type", rope.get("type", "default")))
         if kind in ("yarn", "deepseek_yarn", "linear", "dynamic"):
             original = int(rope.get("original_max_position_embeddings", positions))
             positions = int(original * float(rope.get("factor", 1.0)))
-    return positions * rotary * element
+    caches = positions
+    if hf.model_type == "gemma3_text":
+        caches += base  # the sliding layers' own, unscaled rotary embedding
+    return caches * rotary * element
 
 
 def _llama(c: RankCounter, index: int) -> None:
@@ -227,6 +232,32 @@ def _deepseek(c: RankCounter, index: int) -> None:
     c.norm(hidden, 2)
 
 
+def _gemma3(c: RankCounter, index: int) -> None:
+    hf = c.hf
+    prefix = f"model.layers.{index}"
+    attention(c, f"{prefix}.self_attn")
+    c.norm(hf.head_size(), 2)  # q_norm, k_norm
+    dense_mlp(c, f"{prefix}.mlp", hf.positive_int("intermediate_size"))
+    c.norm(hf.positive_int("hidden_size"), 4)
+
+
+def _llama4(c: RankCounter, index: int) -> None:
+    hf = c.hf
+    prefix = f"model.layers.{index}"
+    hidden = hf.positive_int("hidden_size")
+    attention(c, f"{prefix}.self_attn")
+    step = hf.positive_int("interleave_moe_layer_step", 1)
+    if (index + 1) % step == 0:
+        inter = hf.positive_int("intermediate_size")
+        experts = hf.positive_int("num_local_experts")
+        c.total += experts * hidden * c.dtype  # router
+        dense_mlp(c, f"{prefix}.feed_forward.shared_expert", inter)
+        c.experts(f"{prefix}.feed_forward.experts", ExpertShape(experts, hidden, inter))
+    else:
+        dense_mlp(c, f"{prefix}.feed_forward", hf.positive_int("intermediate_size_mlp"))
+    c.norm(hidden, 2)
+
+
 # Each family's layer: what one decoder layer holds on one rank.
 _FAMILIES: dict[str, Callable[[RankCounter, int], None]] = {
     "llama": _llama,
@@ -239,9 +270,12 @@ _FAMILIES: dict[str, Callable[[RankCounter, int], None]] = {
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
     "kimi_k2": _deepseek,
+    "gemma3_text": _gemma3,
+    "llama4_text": _llama4,
     "nemotron_h": nemotron_h,
     "jamba": jamba,
     "granitemoehybrid": granite_hybrid,
+    "qwen3_next": qwen3_next,
 }
 # Families whose attention layers have no rotary embedding (no cos/sin cache).
 _WITHOUT_ROPE = frozenset({"nemotron_h", "jamba"})

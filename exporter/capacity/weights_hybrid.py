@@ -4,12 +4,13 @@ layers mix Mamba mixers, attention, MLPs and experts."""
 from __future__ import annotations
 
 from exporter.capacity.weights_layers import (
+    ATTENTION_SCALES,
     RankCounter,
     dense_mlp,
     moe_layer,
     plain_attention,
 )
-from exporter.capacity.weights_quantization import FP32, Quantization
+from exporter.capacity.weights_quantization import FP32, ExpertShape, Quantization
 from exporter.errors import ConfigError
 
 
@@ -133,4 +134,49 @@ def granite_hybrid(c: RankCounter, index: int) -> None:
     if shared:
         c.column(f"{prefix}.shared_mlp.input_linear", hidden, (shared, shared))
         c.row(f"{prefix}.shared_mlp.output_linear", shared, hidden)
+    c.norm(hidden, 2)
+
+
+def qwen3_next(c: RankCounter, index: int) -> None:
+    """Qwen3-Next: gated DeltaNet layers with a full attention layer every
+    `full_attention_interval`; every layer a MoE block with a gated shared expert."""
+    hf = c.hf
+    hidden = hf.positive_int("hidden_size")
+    prefix = f"model.layers.{index}"
+    if (index + 1) % hf.positive_int("full_attention_interval", 4) == 0:
+        heads, head = hf.num_attention_heads, hf.head_size()
+        kv = hf.total_num_kv_heads()
+        # The query projection carries the output gate: twice the query heads.
+        c.qkv(f"{prefix}.self_attn.qkv_proj", heads=2 * heads, kv_heads=kv, head=head, bias=False)
+        c.row(f"{prefix}.self_attn.o_proj", heads * head, hidden)
+        c.norm(head, 2)  # q_norm, k_norm
+        c.raw(ATTENTION_SCALES + c.quant.attention_scale_bytes(c.dtype))
+    else:
+        k_heads, v_heads = (
+            hf.positive_int("linear_num_key_heads"),
+            hf.positive_int("linear_num_value_heads"),
+        )
+        k_dim = k_heads * hf.positive_int("linear_key_head_dim")
+        v_head = hf.positive_int("linear_value_head_dim")
+        v_dim = v_heads * v_head
+        kernel = hf.positive_int("linear_conv_kernel_dim", 4)
+        attn = f"{prefix}.linear_attn"
+        c.raw(c._split(2 * k_dim + v_dim, f"{attn}.conv1d") * kernel * c.dtype)
+        c.column(f"{attn}.in_proj_qkvz", hidden, (2 * k_dim + 2 * v_dim,))
+        c.column(f"{attn}.in_proj_ba", hidden, (2 * v_heads,))
+        local_heads = c._split(v_heads, f"{attn}: value heads")
+        c.raw(local_heads * (c.dtype + FP32))  # dt_bias, A_log (float32)
+        c.norm(v_head)  # the gated RMSNorm, one head wide
+        c.row(f"{attn}.out_proj", v_dim, hidden)
+    experts = hf.get_int("num_experts", 0)
+    step = hf.positive_int("decoder_sparse_step", 1)
+    if experts and index not in (hf.int_list("mlp_only_layers") or []) and (index + 1) % step == 0:
+        inter = hf.positive_int("moe_intermediate_size")
+        c.total += experts * hidden * c.dtype + hidden * c.dtype  # router, shared expert gate
+        shared = hf.get_int("shared_expert_intermediate_size", 0)
+        if shared:
+            dense_mlp(c, f"{prefix}.mlp.shared_expert", shared)
+        c.experts(f"{prefix}.mlp.experts", ExpertShape(experts, hidden, inter))
+    else:
+        dense_mlp(c, f"{prefix}.mlp", hf.positive_int("intermediate_size"))
     c.norm(hidden, 2)

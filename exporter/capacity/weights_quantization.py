@@ -333,8 +333,31 @@ def _packed(method: str, bits: int, group_size: int, **fields: Any) -> Quantizat
     return Quantization(method, bits, group_size, **fields)
 
 
+# Bounds on a checkpoint's list of unquantized modules: real lists name each layer's few
+# modules (a few thousand entries at most); every entry is tried against every layer.
+MAX_SKIPPED_MODULES = 20_000
+MAX_PATTERN_LENGTH = 512
+
+
 def _names(value: Any) -> tuple[str, ...]:
-    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
+    names = tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
+    if len(names) > MAX_SKIPPED_MODULES:
+        raise ConfigError(
+            f"quantization_config: {len(names)} unquantized modules listed (at most "
+            f"{MAX_SKIPPED_MODULES})"
+        )
+    for name in names:
+        if len(name) > MAX_PATTERN_LENGTH:
+            raise ConfigError(
+                f"quantization_config: a module pattern of {len(name)} characters (at most "
+                f"{MAX_PATTERN_LENGTH})"
+            )
+        if name.startswith("re:"):
+            try:
+                re.compile(name[3:])
+            except re.error as error:
+                raise ConfigError(f"quantization_config: pattern {name!r}: {error}") from None
+    return names
 
 
 def _compressed_tensors(raw: Mapping[str, Any], skipped: tuple[str, ...]) -> Quantization:

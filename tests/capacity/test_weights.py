@@ -24,7 +24,7 @@ GIB = 2**30
 def _config(name: str, quantization: str | None = None) -> dict[str, Any]:
     config: dict[str, Any] = copy.deepcopy(CASES["configs"][name])
     if quantization:
-        config["quantization_config"] = CASES["quantizations"][quantization]
+        config["quantization_config"] = copy.deepcopy(CASES["quantizations"][quantization])
     return config
 
 
@@ -103,6 +103,28 @@ def test_hostile_quantization_fields_fall_back_or_refuse() -> None:
     config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 0}
     with pytest.raises(ConfigError):
         weights_per_worker(config, ParallelLayout())
+
+
+@pytest.mark.parametrize(
+    "ignore",
+    [["lm_head"] * 20_001, ["x" * 513], ["re:(unclosed"]],
+    ids=["too-many", "too-long", "bad-regex"],
+)
+def test_hostile_ignore_lists_are_refused(ignore: list[str]) -> None:
+    config = _config("llama-3.1-8b", "ct-w8a8")
+    config["quantization_config"]["ignore"] = ignore
+    with pytest.raises(ConfigError, match="quantization_config"):
+        weights_per_worker(config, ParallelLayout())
+
+
+def test_modules_not_converted_stay_in_the_model_dtype() -> None:
+    """An `ignore` entry (plain or `re:`) keeps those layers unquantized: larger."""
+    plain = weights_per_worker(_config("llama-3.1-8b", "ct-w8a8"), ParallelLayout())
+    for pattern in ("down_proj", "re:.*mlp\\.down_proj$"):
+        config = _config("llama-3.1-8b", "ct-w8a8")
+        config["quantization_config"]["ignore"] = ["lm_head", pattern]
+        kept = weights_per_worker(config, ParallelLayout())
+        assert kept.bytes_per_worker > plain.bytes_per_worker
 
 
 def test_indivisible_heads_are_refused_as_vllm_refuses_them() -> None:

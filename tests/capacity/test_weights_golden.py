@@ -38,7 +38,9 @@ BUILT = [r for r in RECORDS if "error" not in r]
 def _config(record: dict[str, Any]) -> dict[str, Any]:
     config: dict[str, Any] = copy.deepcopy(CASES["configs"][record["config"]])
     if record["quantization"]:
-        config["quantization_config"] = CASES["quantizations"][record["quantization"]]
+        config["quantization_config"] = copy.deepcopy(
+            CASES["quantizations"][record["quantization"]]
+        )
     return config
 
 
