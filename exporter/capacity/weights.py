@@ -39,8 +39,19 @@ __all__ = ["ParallelLayout", "WorkerWeights", "weights_per_worker"]
 # Model classes that build the embeddings, final norm and LM head on every pipeline
 # stage, not only on the first and last.
 _EDGES_ON_EVERY_STAGE = frozenset(
-    {"qwen3_moe", "mixtral", "gpt_oss", "nemotron_h", "jamba", "granitemoehybrid", "gemma3_text"}
+    {
+        "qwen3_moe",
+        "mixtral",
+        "gpt_oss",
+        "nemotron_h",
+        "jamba",
+        "granitemoehybrid",
+        "gemma3_text",
+        "qwen3_next",
+    }
 )
+# ... of which the final norm is still built on the last stage only.
+_NORM_ON_LAST_STAGE = frozenset({"qwen3_next"})
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -91,6 +102,11 @@ def weights_per_worker(
     if layout.enable_expert_parallel:
         shape += ", expert parallel"
     source = f"computed from config.json ({quant.label}, {shape})"
+    towers = [
+        key.removesuffix("_config") for key in _TOWERS if isinstance(config.get(key), Mapping)
+    ]
+    if towers:  # multimodal: only the language model is modelled
+        source += f"; the {' and '.join(towers)} tower not counted"
     return WorkerWeights(stages[binding], source, binding, tuple(stages), quant.label)
 
 
@@ -106,8 +122,9 @@ def _count_stage(c: RankCounter, rank: int, pp: int) -> None:
         c.vocab(vocab, hidden)
         if hf.model_type == "gemma3_text":
             c.raw(c.dtype)  # the embedding normalizer, sqrt(hidden_size)
-    if rank == pp - 1 or every_stage:
+    if rank == pp - 1 or (every_stage and hf.model_type not in _NORM_ON_LAST_STAGE):
         c.norm(hidden)
+    if rank == pp - 1 or every_stage:
         # A tied LM head shares the embeddings only where both are on one stage.
         if c.quant.quantizes_lm_head:
             padded = -(-vocab // VOCAB_PADDING) * VOCAB_PADDING
@@ -277,5 +294,7 @@ _FAMILIES: dict[str, Callable[[RankCounter, int], None]] = {
     "granitemoehybrid": granite_hybrid,
     "qwen3_next": qwen3_next,
 }
+# Sub-configs of multimodal checkpoints whose encoders vLLM also loads.
+_TOWERS = ("vision_config", "audio_config")
 # Families whose attention layers have no rotary embedding (no cos/sin cache).
 _WITHOUT_ROPE = frozenset({"nemotron_h", "jamba"})

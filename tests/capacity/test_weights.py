@@ -146,6 +146,19 @@ def test_fp8_blocks_that_a_rank_would_cut_are_refused_as_vllm_refuses_them() -> 
         weights_per_worker(granite, ParallelLayout(2))
 
 
+def test_a_multimodal_config_says_its_tower_is_not_counted() -> None:
+    text = _config("gemma-3-27b-text")
+    multimodal = {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "text_config": text,
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152},
+    }
+    weights = weights_per_worker(multimodal, ParallelLayout())
+    assert weights.bytes_per_worker == weights_per_worker(text, ParallelLayout()).bytes_per_worker
+    assert "the vision tower not counted" in weights.source
+
+
 def test_unmodelled_family_is_a_config_error() -> None:
     config = _config("llama-3.1-8b")
     config["model_type"] = "no_such_family"
