@@ -11,7 +11,10 @@ import pytest
 
 from exporter.capacity.weights import ParallelLayout, _pp_indices, weights_per_worker
 from exporter.capacity.weights_quantization import parse_quantization
+from exporter.capacity_cli.inputs import _weights
+from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
 from exporter.errors import ConfigError
+from exporter.model_config import ResolvedModel, load_model_config, resolve_model
 
 CASES = json.loads(
     (Path(__file__).parent.parent / "fixtures" / "golden" / "weights" / "cases.json").read_text(
@@ -164,3 +167,40 @@ def test_unmodelled_family_is_a_config_error() -> None:
     config["model_type"] = "no_such_family"
     with pytest.raises(ConfigError, match="not modelled"):
         weights_per_worker(config, ParallelLayout())
+
+
+def _folder(tmp_path: Path, config: dict[str, Any], total: int | None = None) -> ResolvedModel:
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    if total is not None:
+        index = {"metadata": {"total_size": total}, "weight_map": {}}
+        (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    return resolve_model(str(tmp_path))
+
+
+def test_capacity_reads_expert_parallel_from_the_vllm_command(tmp_path: Path) -> None:
+    model = _folder(tmp_path, _config("qwen3-30b-a3b"))
+    vllm = parse_vllm_serve_args(["serve", str(tmp_path), "-tp", "2", "--enable-expert-parallel"])
+    weights = _weights(model, load_model_config(model.config_file), to_engine_settings(vllm), vllm)
+    expected = weights_per_worker(
+        _config("qwen3-30b-a3b"), ParallelLayout(2, enable_expert_parallel=True)
+    )
+    assert weights.bytes_per_worker == expected.bytes_per_worker
+    assert "expert parallel" in weights.source
+
+
+def test_the_checkpoint_total_is_quoted_and_is_the_fallback(tmp_path: Path) -> None:
+    """A modelled family: the computed share, the index's total beside it. A family not
+    modelled: the index's total split over the workers, saying why."""
+    model = _folder(tmp_path, _config("llama-3.1-8b"), total=16_060_522_496)
+    vllm = parse_vllm_serve_args(["serve", str(tmp_path), "-tp", "2"])
+    weights = _weights(model, load_model_config(model.config_file), to_engine_settings(vllm), vllm)
+    assert weights.bytes_per_worker == 8_064_082_432  # vLLM 0.32's TP rank
+    assert weights.checkpoint_total_bytes == 16_060_522_496
+    unknown = _config("llama-3.1-8b")
+    unknown["model_type"] = "no_such_family"
+    (tmp_path / "other").mkdir()
+    other = _folder(tmp_path / "other", unknown, total=10_000)
+    fallback = _weights(other, load_model_config(other.config_file), to_engine_settings(vllm), vllm)
+    assert fallback.bytes_per_worker == 5_000
+    assert "split evenly over 2 worker(s)" in fallback.source
+    assert "not modelled" in fallback.source
