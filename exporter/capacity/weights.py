@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.capacity.hf_config import HfConfig
-from exporter.capacity.weights_hybrid import granite_hybrid, jamba, nemotron_h, qwen3_next
+from exporter.capacity.weights_hybrid import (
+    granite_hybrid,
+    jamba,
+    nemotron_h,
+    qwen3_next,
+    siglip_tower,
+)
 from exporter.capacity.weights_layers import (
     ATTENTION_SCALES,
     VOCAB_PADDING,
@@ -103,8 +109,13 @@ def weights_per_worker(
         shape += ", expert parallel"
     source = f"computed from config.json ({quant.label}, {shape})"
     towers = [
-        key.removesuffix("_config") for key in _TOWERS if isinstance(config.get(key), Mapping)
+        key.removesuffix("_config")
+        for key in _TOWERS
+        if isinstance(config.get(key), Mapping) and not layout.language_model_only
     ]
+    if _has_siglip_tower(hf) and not layout.language_model_only:
+        towers.remove("vision")  # counted, on the first stage
+        source = source.replace(")", ", with its vision tower)", 1)
     if towers:  # multimodal: only the language model is modelled
         source += f"; the {' and '.join(towers)} tower not counted"
     return WorkerWeights(stages[binding], source, binding, tuple(stages), quant.label)
@@ -118,6 +129,8 @@ def _count_stage(c: RankCounter, rank: int, pp: int) -> None:
     start, end = _pp_indices(layers, rank, pp)
     tied = bool(hf.get("tie_word_embeddings", hf.raw.get("tie_word_embeddings", False)))
     every_stage = hf.model_type in _EDGES_ON_EVERY_STAGE
+    if rank == 0 and _has_siglip_tower(hf) and not c.language_model_only:
+        siglip_tower(c, HfConfig(hf.raw["vision_config"]), hidden)
     if rank == 0 or every_stage:
         c.vocab(vocab, hidden)
         if hf.model_type == "gemma3_text":
@@ -139,6 +152,16 @@ def _count_stage(c: RankCounter, rank: int, pp: int) -> None:
         raise ConfigError(f"weights of model_type {hf.model_type!r} are not modelled")
     for index in range(start, end):
         family(c, index)
+
+
+def _has_siglip_tower(hf: HfConfig) -> bool:
+    """Gemma 3's multimodal checkpoints: a SigLIP vision tower (the tower kvcap sizes)."""
+    vision = hf.raw.get("vision_config")
+    return (
+        hf.raw.get("model_type") == "gemma3"
+        and isinstance(vision, Mapping)
+        and vision.get("model_type") == "siglip_vision_model"
+    )
 
 
 def _rope_cache_bytes(hf: HfConfig, element: int) -> int:

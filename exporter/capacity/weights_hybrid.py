@@ -3,6 +3,7 @@ layers mix Mamba mixers, attention, MLPs and experts."""
 
 from __future__ import annotations
 
+from exporter.capacity.hf_config import MAX_LAYERS, HfConfig
 from exporter.capacity.weights_layers import (
     ATTENTION_SCALES,
     RankCounter,
@@ -180,3 +181,32 @@ def qwen3_next(c: RankCounter, index: int) -> None:
     else:
         dense_mlp(c, f"{prefix}.mlp", hf.positive_int("intermediate_size"))
     c.norm(hidden, 2)
+
+
+def siglip_tower(c: RankCounter, vision: HfConfig, text_hidden: int) -> None:
+    """Gemma 3's SigLIP vision tower and its projector into the language model."""
+    width = vision.positive_int("hidden_size")
+    inter = vision.positive_int("intermediate_size")
+    patch = vision.positive_int("patch_size")
+    patches = (vision.positive_int("image_size") // patch) ** 2
+    channels = vision.positive_int("num_channels", 3)
+    layers = vision.get_int("num_hidden_layers", minimum=1, maximum=MAX_LAYERS)
+    c.raw((width * channels * patch * patch + width) * c.dtype)  # patch embedding + bias
+    c.raw(patches * width * c.dtype)  # position embedding
+    heads = vision.positive_int("num_attention_heads")
+    for index in range(layers):
+        prefix = f"vision_tower.vision_model.encoder.layers.{index}"
+        c.qkv_of(
+            f"{prefix}.self_attn.qkv_proj",
+            width,
+            heads=heads,
+            kv_heads=heads,
+            head=width // heads,
+            bias=True,
+        )
+        c.row(f"{prefix}.self_attn.out_proj", width, width, bias=True)
+        c.column(f"{prefix}.mlp.fc1", width, (inter,), bias=True)
+        c.row(f"{prefix}.mlp.fc2", inter, width, bias=True)
+        c.norm(width, 4)  # two LayerNorms, weight and bias
+    c.norm(width, 2)  # post_layernorm
+    c.raw((width * text_hidden + width) * c.dtype)  # projector weight, soft embedding norm

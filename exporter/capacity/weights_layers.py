@@ -27,6 +27,8 @@ class ParallelLayout:
     pipeline_parallel_size: int = 1
     enable_expert_parallel: bool = False
     data_parallel_size: int = 1
+    # `--language-model-only` (or every modality limited to 0): no vision tower is built.
+    language_model_only: bool = False
 
 
 class RankCounter:
@@ -39,6 +41,7 @@ class RankCounter:
         self.quant = quant
         self.tp = layout.tensor_parallel_size
         self.ep = layout.enable_expert_parallel
+        self.language_model_only = layout.language_model_only
         self.ep_size = layout.tensor_parallel_size * layout.data_parallel_size
         self.dtype = dtype
         self.total = 0
@@ -70,6 +73,12 @@ class RankCounter:
         """QKVParallelLinear: query heads split; KV heads split, or replicated when fewer
         than the ranks."""
         hidden = self.hf.positive_int("hidden_size")
+        self.qkv_of(name, hidden, heads=heads, kv_heads=kv_heads, head=head, bias=bias)
+
+    def qkv_of(
+        self, name: str, hidden: int, *, heads: int, kv_heads: int, head: int, bias: bool
+    ) -> None:
+        """A QKV projection from an input of `hidden` (a tower's own width)."""
         q = self._split(heads, f"{name}: attention heads") * head
         kv = max(1, kv_heads // self.tp) * head
         split = self.tp > 1

@@ -204,6 +204,7 @@ def _weights(
         pipeline_parallel_size=settings.pipeline_parallel_size,
         enable_expert_parallel=_expert_parallel(vllm),
         data_parallel_size=vllm.data_parallel_size or 1,
+        language_model_only=_language_model_only(vllm),
     )
     checkpoint = _checkpoint_total(model)
     try:
@@ -227,6 +228,24 @@ def _weights(
 
 def _expert_parallel(vllm: VllmServeArgs) -> bool:
     return any(flag in ("--enable-expert-parallel", "-ep") for flag in vllm.ignored)
+
+
+def _language_model_only(vllm: VllmServeArgs) -> bool:
+    """`--language-model-only`, or `--limit-mm-per-prompt` with every modality at 0: vLLM
+    builds no encoder tower."""
+    for flag in vllm.ignored:
+        name, _, value = flag.partition(" ")
+        if name.partition("=")[0] == "--language-model-only":
+            return value.lower() not in ("false", "0") and "=false" not in name.lower()
+        if name.startswith("--limit-mm-per-prompt"):
+            text = value or name.partition("=")[2]
+            try:
+                limits = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(limits, dict) and limits and not any(limits.values()):
+                return True
+    return False
 
 
 def _checkpoint_total(model: ResolvedModel) -> tuple[int, str] | None:

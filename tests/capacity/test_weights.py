@@ -155,11 +155,13 @@ def test_a_multimodal_config_says_its_tower_is_not_counted() -> None:
         "architectures": ["Gemma3ForConditionalGeneration"],
         "model_type": "gemma3",
         "text_config": text,
-        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152},
+        "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024},
     }
     weights = weights_per_worker(multimodal, ParallelLayout())
     assert weights.bytes_per_worker == weights_per_worker(text, ParallelLayout()).bytes_per_worker
     assert "the vision tower not counted" in weights.source
+    language_only = weights_per_worker(multimodal, ParallelLayout(language_model_only=True))
+    assert "tower" not in language_only.source
 
 
 def test_unmodelled_family_is_a_config_error() -> None:
@@ -204,3 +206,25 @@ def test_the_checkpoint_total_is_quoted_and_is_the_fallback(tmp_path: Path) -> N
     assert fallback.bytes_per_worker == 5_000
     assert "split evenly over 2 worker(s)" in fallback.source
     assert "not modelled" in fallback.source
+
+
+@pytest.mark.parametrize(
+    ("flags", "language_only"),
+    [
+        ([], False),
+        (["--language-model-only"], True),
+        (["--limit-mm-per-prompt", '{"image": 0}'], True),
+        (["--limit-mm-per-prompt", '{"image": 2}'], False),
+        (["--limit-mm-per-prompt", "not json"], False),
+    ],
+)
+def test_capacity_drops_the_vision_tower_as_vllm_does(
+    tmp_path: Path, flags: list[str], language_only: bool
+) -> None:
+    config = copy.deepcopy(CASES["configs"]["gemma-3-27b-it"])
+    model = _folder(tmp_path, config)
+    vllm = parse_vllm_serve_args(["serve", str(tmp_path), *flags])
+    weights = _weights(model, load_model_config(model.config_file), to_engine_settings(vllm), vllm)
+    layout = ParallelLayout(language_model_only=language_only)
+    assert weights.bytes_per_worker == weights_per_worker(config, layout).bytes_per_worker
+    assert ("vision tower" in weights.source) is not language_only

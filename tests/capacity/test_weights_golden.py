@@ -35,6 +35,19 @@ RECORDS = _records()
 BUILT = [r for r in RECORDS if "error" not in r]
 
 
+def _layout(record: dict[str, Any]) -> ParallelLayout:
+    """The record's shape; `--language-model-only` or every modality limited to 0 drops
+    the vision tower, as vLLM drops it."""
+    flags = record.get("flags") or {}
+    limits = flags.get("limit_mm_per_prompt")
+    language_only = bool(flags.get("language_model_only")) or (
+        isinstance(limits, dict) and bool(limits) and not any(limits.values())
+    )
+    return ParallelLayout(
+        record["tp"], record["pp"], record["ep"], language_model_only=language_only
+    )
+
+
 def _config(record: dict[str, Any]) -> dict[str, Any]:
     config: dict[str, Any] = copy.deepcopy(CASES["configs"][record["config"]])
     if record["quantization"]:
@@ -46,8 +59,7 @@ def _config(record: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("record", BUILT, ids=[f"{r['vllm_version']}:{r['id']}" for r in BUILT])
 def test_bytes_per_worker_match_the_release(record: dict[str, Any]) -> None:
-    layout = ParallelLayout(record["tp"], record["pp"], record["ep"])
-    weights = weights_per_worker(_config(record), layout)
+    weights = weights_per_worker(_config(record), _layout(record))
     assert weights.bytes_per_worker == record["bytes_per_worker"]
     stages: dict[int, int] = {}
     for rank in record["ranks"]:
@@ -67,9 +79,7 @@ REFUSED = [
 @pytest.mark.parametrize("record", REFUSED, ids=[r["id"] for r in REFUSED])
 def test_shapes_the_release_refuses_are_refused(record: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
-        weights_per_worker(
-            _config(record), ParallelLayout(record["tp"], record["pp"], record["ep"])
-        )
+        weights_per_worker(_config(record), _layout(record))
 
 
 def test_the_records_cover_the_acceptance_matrix() -> None:
