@@ -18,6 +18,7 @@ from typing import Any
 
 from exporter.capacity.hf_config import HfConfig
 from exporter.capacity.weights_hybrid import (
+    falcon_h1,
     granite_hybrid,
     jamba,
     nemotron_h,
@@ -316,6 +317,7 @@ _FAMILIES: dict[str, Callable[[RankCounter, int], None]] = {
     "jamba": jamba,
     "granitemoehybrid": granite_hybrid,
     "qwen3_next": qwen3_next,
+    "falcon_h1": falcon_h1,
 }
 # Sub-configs of multimodal checkpoints whose encoders vLLM also loads.
 _TOWERS = ("vision_config", "audio_config")

@@ -16,9 +16,18 @@ from exporter.errors import ConfigError
 
 
 def _mamba2(
-    c: RankCounter, prefix: str, *, heads: int, head_dim: int, groups: int, state: int, kernel: int
-) -> None:
-    """vLLM's MambaMixer2: with fewer groups than ranks, each rank gets a copy of one."""
+    c: RankCounter,
+    prefix: str,
+    *,
+    heads: int,
+    head_dim: int,
+    groups: int,
+    state: int,
+    kernel: int,
+    gated_norm: bool = True,
+) -> int:
+    """vLLM's MambaMixer2: with fewer groups than ranks, each rank gets a copy of one.
+    Returns the input projection's width per rank."""
     hf = c.hf
     hidden = hf.positive_int("hidden_size")
     inner = heads * head_dim
@@ -35,8 +44,10 @@ def _mamba2(
     c.raw(local_conv * kernel * c.dtype + (local_conv * c.dtype if conv_bias else 0))
     local_heads = c._split(heads, f"{prefix}: Mamba heads")
     c.raw(local_heads * (FP32 + 2 * c.dtype))  # A (float32), D, dt_bias
-    c.norm(inner // c.tp)  # the gated RMSNorm
+    if gated_norm:
+        c.norm(inner // c.tp)  # the gated RMSNorm's weight
     c.row(f"{prefix}.out_proj", inner, hidden, bias=proj_bias)
+    return sum(outs) // c.tp
 
 
 def nemotron_h(c: RankCounter, index: int) -> None:
@@ -210,3 +221,25 @@ def siglip_tower(c: RankCounter, vision: HfConfig, text_hidden: int) -> None:
         c.norm(width, 4)  # two LayerNorms, weight and bias
     c.norm(width, 2)  # post_layernorm
     c.raw((width * text_hidden + width) * c.dtype)  # projector weight, soft embedding norm
+
+
+def falcon_h1(c: RankCounter, index: int) -> None:
+    """Falcon-H1: every layer runs attention and a Mamba2 mixer side by side, then an MLP."""
+    hf = c.hf
+    hidden = hf.positive_int("hidden_size")
+    prefix = f"model.layers.{index}"
+    plain_attention(c, f"{prefix}.self_attn")
+    heads, head_dim = hf.positive_int("mamba_n_heads"), hf.positive_int("mamba_d_head")
+    width = _mamba2(
+        c,
+        f"{prefix}.mamba.mamba",
+        heads=heads,
+        head_dim=head_dim,
+        groups=hf.positive_int("mamba_n_groups", 1),
+        state=hf.positive_int("mamba_d_state"),
+        kernel=hf.positive_int("mamba_d_conv", 4),
+        gated_norm=bool(hf.get("mamba_rms_norm", False)),
+    )
+    c.raw(width * c.dtype)  # the muP multiplier vector over the input projection
+    dense_mlp(c, f"{prefix}.feed_forward", hf.positive_int("intermediate_size"))
+    c.norm(hidden, 2)

@@ -161,7 +161,8 @@ def _check_blocks(s: LinearShape, bn: int, bk: int) -> None:
 def _awq_linear(q: Quantization, s: LinearShape, dtype_bytes: int) -> int:
     n, pack = sum(s.outs), 32 // q.bits
     groups = _groups(s.k, q.group_size)
-    return s.k * n // pack * INT32 + groups * (n // pack * INT32 + n * dtype_bytes)
+    # Packed along the output: (k, n // pack) words, as AWQ's Marlin method shapes them.
+    return s.k * (n // pack) * INT32 + groups * (n // pack * INT32 + n * dtype_bytes)
 
 
 def _gptq_linear(q: Quantization, s: LinearShape, dtype_bytes: int) -> int:
@@ -176,9 +177,10 @@ def _wna16_linear(q: Quantization, s: LinearShape, dtype_bytes: int) -> int:
     n, pack = sum(s.outs), 32 // q.bits
     groups = _groups(s.k, q.group_size)
     g_idx = s.k * INT32 if q.act_order else 0
-    zeros = groups * n // pack * INT32 if q.zero_point else 0
+    zeros = groups * _ceil(n, pack) * INT32 if q.zero_point else 0
     weight_shape = 2 * 8  # int64 (2,)
-    return n * s.k // pack * INT32 + n * groups * dtype_bytes + weight_shape + g_idx + zeros
+    # Packed along the input, rounded up: (n, ceil(k / pack)) words.
+    return n * _ceil(s.k, pack) * INT32 + n * groups * dtype_bytes + weight_shape + g_idx + zeros
 
 
 def _int8_linear(q: Quantization, s: LinearShape, dtype_bytes: int) -> int:
