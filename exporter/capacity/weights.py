@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.capacity.hf_config import HfConfig
+from exporter.capacity.settings import dtype_bytes
 from exporter.capacity.weights_hybrid import (
     falcon_h1,
     granite_hybrid,
@@ -59,7 +60,6 @@ _EDGES_ON_EVERY_STAGE = frozenset(
 )
 # ... of which the final norm is still built on the last stage only.
 _NORM_ON_LAST_STAGE = frozenset({"qwen3_next"})
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +95,7 @@ def weights_per_worker(
     """The weight bytes of the binding worker, from config.json alone."""
     hf = HfConfig(config)
     quant = parse_quantization(config)
-    element = _DTYPE_BYTES.get(hf.model_dtype(dtype), 2)
+    element = dtype_bytes(hf.model_dtype(dtype))
     pp = layout.pipeline_parallel_size
     stages = []
     for rank in range(pp):
