@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.capacity.hf_config import HfConfig
+from exporter.capacity.hf_config import MAX_CONFIG_INT, HfConfig
 from exporter.capacity.settings import dtype_bytes
 from exporter.capacity.weights_hybrid import (
     falcon_h1,
@@ -171,17 +171,27 @@ def _rope_cache_bytes(hf: HfConfig, element: int) -> int:
     if hf.model_type == "gpt_oss":
         element = FP32
     head = hf.head_size() if not hf.is_mla else hf.get_int("qk_rope_head_dim")
-    rotary = int(head * float(hf.get("partial_rotary_factor", 1.0)))
+    rotary = int(head * hf.get_float("partial_rotary_factor", 1.0))
     base = positions = hf.get_int("max_position_embeddings", 2048)
     for rope in hf.rope_parameters():
         kind = str(rope.get("rope_type", rope.get("type", "default")))
         if kind in ("yarn", "deepseek_yarn", "linear", "dynamic"):
-            original = int(rope.get("original_max_position_embeddings", positions))
-            positions = int(original * float(rope.get("factor", 1.0)))
+            original = _rope_number(rope, "original_max_position_embeddings", positions)
+            positions = int(original * _rope_number(rope, "factor", 1.0))
     caches = positions
     if hf.model_type == "gemma3_text":
         caches += base  # the sliding layers' own, unscaled rotary embedding
     return caches * rotary * element
+
+
+def _rope_number(rope: Mapping[str, Any], key: str, default: float) -> float:
+    """A RoPE scaling field: a positive, finite number (a length or a factor)."""
+    value = rope.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"config.json RoPE scaling `{key}` must be a number, got {value!r:.40}")
+    if not 0 < value <= MAX_CONFIG_INT:  # NaN fails this too
+        raise ConfigError(f"config.json RoPE scaling `{key}` must be positive and finite")
+    return float(value)
 
 
 def _llama(c: RankCounter, index: int) -> None:
@@ -258,7 +268,7 @@ def _deepseek(c: RankCounter, index: int) -> None:
     c.raw(ATTENTION_SCALES)  # MLA layers take no KV cache scales from the quantization
     experts = hf.get_int("n_routed_experts", 0)
     first_dense = hf.get_int("first_k_dense_replace", 0)
-    freq = hf.get_int("moe_layer_freq", 1)
+    freq = hf.positive_int("moe_layer_freq", 1)
     if experts and index >= first_dense and index % freq == 0:
         inter = hf.positive_int("moe_intermediate_size")
         c.total += experts * hidden * c.dtype  # router
