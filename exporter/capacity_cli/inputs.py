@@ -14,17 +14,15 @@ from typing import Any
 
 from exporter.capacity import (
     EngineSettings,
-    HfConfig,
     ReleaseRules,
-    dtype_bytes,
     parse_version,
     release_rules,
 )
+from exporter.capacity.weights import ParallelLayout, WorkerWeights, weights_per_worker
 from exporter.capacity_cli.memory import (
     GpuMemory,
     MemoryEstimate,
     default_gpu_memory_utilization,
-    estimate_parameters,
     parse_gpu_memory,
 )
 from exporter.capacity_cli.memory_formula import (
@@ -40,7 +38,7 @@ from exporter.collectors.parsing import (
     to_engine_settings,
     without_launcher,
 )
-from exporter.errors import ConfigError, KvcapError, UsageError
+from exporter.errors import ConfigError, UsageError
 from exporter.model_config import ResolvedModel, load_model_config, resolve_model
 
 # The platform planned for without `--platform`.
@@ -228,7 +226,7 @@ def memory_estimate(
     config: Mapping[str, Any],
 ) -> MemoryEstimate:
     """vLLM's memory formula for `--gpu-memory`, term by term, for the planned release."""
-    weights, source, exact = weights_per_worker(model, config, settings)
+    weights, source, exact = binding_worker_weights(model, config, settings, vllm)
     return estimate_with_weights(
         gpu=parse_gpu_memory(args.gpu_memory),
         release=parse_version(_release(args.vllm_version).version),
@@ -298,43 +296,85 @@ def smallest_fit(
     return None
 
 
-def weights_per_worker(
-    model: ResolvedModel, config: Mapping[str, Any], settings: EngineSettings
+def binding_worker_weights(
+    model: ResolvedModel, config: Mapping[str, Any], settings: EngineSettings, vllm: VllmServeArgs
 ) -> tuple[int, str, bool]:
     """The binding worker's weight bytes, where they came from, and whether that is a
-    checkpoint's byte count (True) or a parameter count from config.json's shapes."""
-    found = _weights(model, config, settings)
-    total: int = found["weights_bytes"]
-    source: str = found["weights_source"]
-    return -(-total // settings.world_size), source, "estimated" not in source
+    byte count as vLLM allocates it (True) rather than an even split of a checkpoint."""
+    found = _weights(model, config, settings, vllm)
+    return found.bytes_per_worker, found.source, "split evenly" not in found.source
 
 
 def _weights(
-    model: ResolvedModel, config: Mapping[str, Any], settings: EngineSettings
-) -> dict[str, Any]:
+    model: ResolvedModel, config: Mapping[str, Any], settings: EngineSettings, vllm: VllmServeArgs
+) -> WorkerWeights:
+    """The binding worker's weight bytes: computed from config.json as vLLM splits and
+    quantizes the layers; the checkpoint's own total (its safetensors index) is the
+    fallback where the model is not modelled, split evenly over the workers."""
+    layout = ParallelLayout(
+        tensor_parallel_size=settings.tensor_parallel_size,
+        pipeline_parallel_size=settings.pipeline_parallel_size,
+        enable_expert_parallel=_expert_parallel(vllm),
+        data_parallel_size=vllm.data_parallel_size or 1,
+        language_model_only=_language_model_only(vllm),
+    )
+    checkpoint = _checkpoint_total(model)
+    try:
+        computed = weights_per_worker(config, layout, settings.dtype)
+    except ConfigError as error:
+        if checkpoint is None:
+            raise ConfigError(
+                f"{model.config_file}: cannot size the weights ({error}); give "
+                "--kv-cache-memory-bytes"
+            ) from None
+        total, name = checkpoint
+        share = -(-total // settings.world_size)
+        source = f"{name} split evenly over {settings.world_size} worker(s); {error}"
+        return WorkerWeights(share, source, 0, (share,), "from the checkpoint")
+    if checkpoint is None:
+        return computed
+    total, name = checkpoint
+    source = f"{computed.source}; the checkpoint's {name}: {total / 2**30:.2f} GiB in all"
+    return dataclasses.replace(computed, source=source, checkpoint_total_bytes=total)
+
+
+def _expert_parallel(vllm: VllmServeArgs) -> bool:
+    return any(flag in ("--enable-expert-parallel", "-ep") for flag in vllm.ignored)
+
+
+def _language_model_only(vllm: VllmServeArgs) -> bool:
+    """`--language-model-only`, or `--limit-mm-per-prompt` with every modality at 0: vLLM
+    builds no encoder tower."""
+    for flag in vllm.ignored:
+        name, _, value = flag.partition(" ")
+        if name.partition("=")[0] == "--language-model-only":
+            return value.lower() not in ("false", "0") and "=false" not in name.lower()
+        if name.startswith("--limit-mm-per-prompt"):
+            text = value or name.partition("=")[2]
+            try:
+                limits = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(limits, dict) and limits and not any(limits.values()):
+                return True
+    return False
+
+
+def _checkpoint_total(model: ResolvedModel) -> tuple[int, str] | None:
+    """The checkpoint's total tensor bytes: its index's `total_size`, or the size of a
+    single model.safetensors; None when the folder has neither."""
     index = model.folder / "model.safetensors.index.json"
     try:
         document = json.loads(index.read_text(encoding="utf-8"))
         total = document["metadata"]["total_size"]
         if type(total) is int and total > 0:
-            return {"weights_bytes": total, "weights_source": f"total_size of {index.name}"}
+            return total, f"total_size of {index.name}"
     except (OSError, ValueError, KeyError, TypeError):
         pass
     single = model.folder / "model.safetensors"
     if single.is_file():
-        return {"weights_bytes": single.stat().st_size, "weights_source": "model.safetensors"}
-    try:
-        element = dtype_bytes(HfConfig(config).model_dtype(settings.dtype))
-    except KvcapError:
-        element = 2
-    params = estimate_parameters(config)
-    if params == 0:
-        raise ConfigError(
-            f"{model.config_file}: too few shapes to estimate the weights; give "
-            "--kv-cache-memory-bytes"
-        )
-    source = f"~{params / 1e9:.1f}B parameters estimated from config.json x {element} bytes"
-    return {"weights_bytes": params * element, "weights_source": source}
+        return single.stat().st_size, "model.safetensors"
+    return None
 
 
 def _not_modelled(vllm: VllmServeArgs) -> tuple[str, ...]:

@@ -12,7 +12,6 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from exporter.capacity_cli.memory_formula import CUDAGRAPH_RELEASE, GIB, MIB, Term
 from exporter.errors import UsageError
@@ -189,35 +188,3 @@ CUDA_CONTEXT_BYTES = int(0.5 * GIB)
 
 def _gib_or_none(value: int) -> str:
     return f"{value / GIB:.2f} GiB" if value > 0 else "none"
-
-
-def estimate_parameters(config: Mapping[str, Any]) -> int:
-    """Parameters from config.json's shapes: embeddings, attention, MLP or experts.
-
-    Rough (no biases, norms, vision towers; MLA and Mamba layers counted as attention),
-    which is why a folder's model.safetensors.index.json is preferred.
-    """
-    text = config.get("text_config")
-    c: Mapping[str, Any] = text if isinstance(text, Mapping) else config
-    hidden = _int(c, "hidden_size")
-    layers = _int(c, "num_hidden_layers")
-    heads = _int(c, "num_attention_heads") or 1
-    kv_heads = _int(c, "num_key_value_heads") or heads
-    head_dim = _int(c, "head_dim") or hidden // heads
-    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
-    experts = _int(c, "n_routed_experts") or _int(c, "num_local_experts") or _int(c, "num_experts")
-    dense = _int(c, "intermediate_size")
-    if experts:
-        expert = _int(c, "moe_intermediate_size") or dense
-        shared = _int(c, "shared_expert_intermediate_size") or expert * _int(c, "n_shared_experts")
-        mlp = 3 * hidden * (expert * experts + shared)
-    else:
-        mlp = 3 * hidden * dense
-    embeddings = _int(c, "vocab_size") * hidden
-    tied = bool(c.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
-    return embeddings * (1 if tied else 2) + layers * (attention + mlp)
-
-
-def _int(config: Mapping[str, Any], key: str) -> int:
-    value = config.get(key)
-    return value if type(value) is int and value > 0 else 0
