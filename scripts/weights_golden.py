@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-import release_golden  # noqa: E402  (beside this script)
+import release_golden
 
 
 def _rank_groups(tp: int, pp: int, tp_rank: int, pp_rank: int) -> None:
@@ -99,7 +99,9 @@ def _model_bytes(vllm_config: Any) -> dict[str, Any]:
     return {"parameter_bytes": params, "buffer_bytes": buffers, "bytes_by_dtype": by_dtype}
 
 
-def run_one(case: dict[str, Any], configs: dict[str, Any], quants: dict[str, Any]) -> dict:
+def run_one(
+    case: dict[str, Any], configs: dict[str, Any], quants: dict[str, Any]
+) -> dict[str, Any]:
     import vllm
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
@@ -170,8 +172,8 @@ def main() -> int:
     release_golden._PLATFORM[0] = "cuda"
     # Quantization configs import modules that annotate with a stubbed kernel's class
     # (`FlashMLASchedMeta | None`): the stand-in takes part in such a union.
-    release_golden._NoKernel.__or__ = lambda self, other: Any  # type: ignore[attr-defined]
-    release_golden._NoKernel.__ror__ = lambda self, other: Any  # type: ignore[attr-defined]
+    for method in ("__or__", "__ror__"):  # set on the class: mypy sees the stand-in's own
+        setattr(release_golden._NoKernel, method, lambda self, other: Any)
     release_golden._cuda_platform()
     _expert_maps_on_meta()
     document = json.loads(args.cases.read_text())
