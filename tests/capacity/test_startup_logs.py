@@ -37,11 +37,12 @@ def test_the_set_covers_gpus_releases_and_quantized_models() -> None:
     cases = start_ups()
     assert len(rows()) >= 40
     assert len(cases) >= 15
-    assert {"H100 80GB", "A100 80GB", "A100 40GB", "L4"} <= {case.gpu for case in cases}
+    assert {"H100 80GB", "A100 80GB", "A100 40GB", "L4", "L40S"} <= {case.gpu for case in cases}
     assert any(case.tensor_parallel > 1 for case in cases)
     assert any(case.pipeline_parallel > 1 for case in cases)
     assert any(not case.started for case in cases)
     assert any("kv_lora_rank" in case.config for case in cases)  # MLA
+    assert {"mxfp4", "awq"} <= {case.quantization for case in cases}
 
 
 def test_the_formula_with_the_logs_own_weights(tmp_path: Path) -> None:
