@@ -91,3 +91,11 @@ def format_duration(seconds: float) -> str:
     if seconds < 1 and seconds * 1000 == int(seconds * 1000):
         return f"{int(seconds * 1000)}ms"
     return f"{seconds:g}s"
+
+
+def format_size(size_bytes: int) -> str:
+    """`8388608` -> `8MiB`: the largest binary unit that divides it, else plain bytes."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size_bytes and size_bytes % scale == 0:
+            return f"{size_bytes // scale}{unit}"
+    return str(size_bytes)
