@@ -71,6 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse(argv, os.environ)
         code: int = args.handler(args)
+    except BrokenPipeError:
+        # `capacity --json | head`: the reader has what it wanted. Nothing more can be
+        # written; stdout goes to /dev/null so that the exit flush does not fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except UsageError as error:
         return _fail(argv, args, error, USAGE_ERROR)
     except KvcapError as error:

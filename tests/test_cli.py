@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import GOLDEN
+from tests.conftest import FIXTURES, GOLDEN
 
 CONFIGS = GOLDEN / "handshake" / "configs"
 GEMMA = str(CONFIGS / "gemma-3-27b-text")
@@ -405,3 +405,22 @@ def test_a_release_newer_than_known_is_approximate() -> None:
     refused = kvcap(*common, "--num-gpu-blocks", "1", "--vllm-version", "latest")
     assert refused.returncode == 2
     assert "--vllm-version: vllm_version 'latest' is not a vLLM release number" in refused.stderr
+
+
+def test_capacity_json_into_a_closed_pipe_exits_quietly() -> None:
+    """`capacity --sweep ... --json | head -c 10`: no BrokenPipeError traceback."""
+    model = FIXTURES / "configs" / "command-r7b.json"
+    command = [
+        sys.executable, "-m", "exporter.cli", "capacity", "--json",
+        "--sweep", "max-model-len=1k,2k,4k,8k,16k,32k,64k,128k", "--sweep", "tp=1,2,4,8",
+        "--", "vllm", "serve", str(model), "--kv-cache-memory-bytes", "40GiB",
+    ]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        assert process.stdout is not None
+        assert process.stderr is not None
+        assert process.stdout.read(10)
+        process.stdout.close()  # as `head` does once it has its bytes
+        stderr = process.stderr.read().decode()
+        process.wait(timeout=60)
+    assert process.returncode == 0, stderr
+    assert stderr == ""
