@@ -43,6 +43,9 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
+_COUNT_EXAMPLES = "131072, 128k (128000), 128K (131072)"
+
+
 def parse_count(text: str) -> int:
     """A token or block count: `32768`, `32k` (32000), `32K` (32768) or `-1`."""
     stripped = text.strip()
@@ -51,8 +54,11 @@ def parse_count(text: str) -> int:
             raise ConfigError(f"{stripped[:40]!r}... is too large")
         return int(stripped)
     if stripped.endswith(("B", "i", "iB")):
-        raise ConfigError(f"not a count: {text!r}")
-    return parse_size(stripped)
+        raise ConfigError(f"not a count: {text!r} (examples: {_COUNT_EXAMPLES})")
+    try:
+        return parse_size(stripped)
+    except ConfigError:
+        raise ConfigError(f"not a count: {text!r} (examples: {_COUNT_EXAMPLES})") from None
 
 
 # Prometheus' duration units (model.ParseDuration), largest first.

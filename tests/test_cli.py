@@ -266,6 +266,13 @@ def test_does_not_fit_is_still_json_with_the_longest_length() -> None:
         ([LLAMA, "--available-kv-bytes", "lots"], 2, "argument --available-kv-bytes"),
         ([LLAMA, "--num-gpu-blocks", "1", "--sweep", "nonsense"], 2, "--sweep 'nonsense'"),
         ([LLAMA, "-tp", "two", "--num-gpu-blocks", "1"], 2, "-tp must be an integer"),
+        # A typo'd dtype lists the valid ones; a bad length shows token examples.
+        (
+            [LLAMA, "--kv-cache-memory-bytes", "1G", "--kv-cache-dtype", "fp9"],
+            2,
+            "--kv-cache-dtype: invalid choice 'fp9' (choose from auto, bfloat16,",
+        ),
+        ([LLAMA, "--kv-cache-memory-bytes", "1G", "--max-model-len", "12q"], 2, "128K (131072)"),
     ],
 )
 def test_errors_are_one_line_and_json_with_json(args: list[str], code: int, needle: str) -> None:
@@ -424,3 +431,12 @@ def test_capacity_json_into_a_closed_pipe_exits_quietly() -> None:
         process.wait(timeout=60)
     assert process.returncode == 0, stderr
     assert stderr == ""
+
+
+def test_a_bad_value_in_a_yaml_config_names_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "vllm.yaml"
+    config.write_text("max_model_len: 12q\n")
+    run = kvcap("capacity", "--", "vllm", "serve", LLAMA, "--config", str(config),
+                "--kv-cache-memory-bytes", "1G")  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert f"--config {config}: --max-model-len: not a count: '12q'" in run.stderr
