@@ -119,8 +119,9 @@ class VllmServer(LoggedProcess):
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             **(env or {}),
-            # Its own, also where `env` is another server's.
+            # Its own, also where `env` is another server's; its other temporary files too.
             "VLLM_RPC_BASE_PATH": str(self.ipc_dir),
+            "TMPDIR": str(self.ipc_dir),
         }
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -161,6 +161,7 @@ def vllm_image(workdir: Path, ipc_dir: Path) -> ContainerImage:
             "DO_NOT_TRACK": "1",
             # Its IPC sockets in a folder of the pod's (not /tmp/<uuid>), removed after.
             "VLLM_RPC_BASE_PATH": str(ipc_dir),
+            "TMPDIR": str(ipc_dir),
         },
     )
 
