@@ -86,6 +86,16 @@ def _closest_flag(typed: str, commands: Sequence[Flags]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # `capacity --json | head`: the reader has what it wanted. Nothing more can be
+        # written; stdout goes to /dev/null so that the exit flush does not fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args: argparse.Namespace | None = None
     try:

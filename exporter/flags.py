@@ -12,12 +12,13 @@ twin, the twin over the default.
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from exporter.errors import ConfigError, UsageError
-from exporter.units import parse_duration, parse_size
+from exporter.units import format_duration, format_size, parse_duration, parse_size
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -39,6 +40,7 @@ class Flag:
     kind: str  # "value", "switch" (on/off) or "list" (repeatable, or comma-separated in env)
     convert: Callable[[str], Any] | None
     secret: bool = False
+    choices: tuple[str, ...] | None = None
 
     def from_text(self, raw: str, where: str) -> object:
         """The value of `raw` (an environment variable's text); UsageError names `where`."""
@@ -54,6 +56,10 @@ class Flag:
         return self._one(raw, where)
 
     def _one(self, raw: str, where: str) -> object:
+        if self.choices is not None and raw not in self.choices:
+            # As argparse says it for the flag: the twin is checked the same way.
+            choices = ", ".join(self.choices)
+            raise UsageError(f"{where}: invalid choice {raw!r} (choose from {choices})")
         if self.convert is None:
             return raw
         try:
@@ -84,6 +90,8 @@ class Flags:
         self.parser = parser
         self.declared: list[Flag] = []
         self.spellings: list[str] = []  # every option string, aliases and --no- forms too
+        # The text each value flag was last given as (command line or KVCAP_*), for active().
+        self.given: dict[str, str] = {}
 
     def group(self, title: str) -> FlagGroup:
         return FlagGroup(self, self.parser.add_argument_group(title))
@@ -95,13 +103,35 @@ class Flags:
             for flag in self.declared
             if flag.env is not None and flag.env in environ
         }
+        for flag in self.declared:
+            if flag.kind == "value" and flag.env is not None and flag.env in environ:
+                self.given[flag.dest] = environ[flag.env]
         self.parser.set_defaults(**defaults)
 
     def active(self, args: argparse.Namespace) -> Iterator[tuple[str, str]]:
-        """(flag, value as typed) of every declared flag, secrets masked."""
+        """(flag, value as typed) of every declared flag, secrets masked: the text it was
+        given as (`5s`, `8MiB`), else its value in the units it is typed in."""
         for flag in self.declared:
             value = getattr(args, flag.dest, flag.default)
-            yield flag.option, "<secret>" if flag.secret and value else show(value)
+            if flag.secret and value:
+                yield flag.option, "<secret>"
+            else:
+                yield flag.option, self._as_typed(flag, value)
+
+    def _as_typed(self, flag: Flag, value: object) -> str:
+        given = self.given.get(flag.dest)
+        if given is not None and flag.kind == "value":
+            try:
+                same = (flag.convert(given) if flag.convert else given) == value
+            except (ValueError, TypeError, argparse.ArgumentTypeError, UsageError):
+                same = False
+            if same:
+                return given
+        if flag.convert is duration and isinstance(value, int | float):
+            return format_duration(value)
+        if flag.convert is size and isinstance(value, int):
+            return format_size(value)
+        return show(value)
 
 
 class FlagGroup:
@@ -146,10 +176,24 @@ class FlagGroup:
             kwargs.update(metavar=metavar, type=type, choices=choices)
             if repeatable:
                 kwargs["action"] = "append"
+        kind = "switch" if switch else "list" if repeatable else "value"
+        if type is not None and kind == "value":
+            kwargs["type"] = self._recording(dest, type)
         self._group.add_argument(option, *aliases, **kwargs)
         self._flags.spellings += [option, *aliases, *(["--no-" + option[2:]] if switch else [])]
-        kind = "switch" if switch else "list" if repeatable else "value"
-        self._flags.declared.append(Flag(option, dest, twin, default, kind, type, secret))
+        allowed = tuple(choices) if choices is not None else None
+        self._flags.declared.append(Flag(option, dest, twin, default, kind, type, secret, allowed))
+
+    def _recording(self, dest: str, convert: Callable[[str], Any]) -> Callable[[str], Any]:
+        """`convert`, keeping the text it converted (argparse calls it for the flag)."""
+
+        @functools.wraps(convert)
+        def typed(text: str) -> Any:
+            value = convert(text)
+            self._flags.given[dest] = text
+            return value
+
+        return typed
 
 
 # Value types for flags: argparse reports their errors as usage errors naming the flag.

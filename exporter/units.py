@@ -43,6 +43,9 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
+_COUNT_EXAMPLES = "131072, 128k (128000), 128K (131072)"
+
+
 def parse_count(text: str) -> int:
     """A token or block count: `32768`, `32k` (32000), `32K` (32768) or `-1`."""
     stripped = text.strip()
@@ -51,8 +54,11 @@ def parse_count(text: str) -> int:
             raise ConfigError(f"{stripped[:40]!r}... is too large")
         return int(stripped)
     if stripped.endswith(("B", "i", "iB")):
-        raise ConfigError(f"not a count: {text!r}")
-    return parse_size(stripped)
+        raise ConfigError(f"not a count: {text!r} (examples: {_COUNT_EXAMPLES})")
+    try:
+        return parse_size(stripped)
+    except ConfigError:
+        raise ConfigError(f"not a count: {text!r} (examples: {_COUNT_EXAMPLES})") from None
 
 
 # Prometheus' duration units (model.ParseDuration), largest first.
@@ -84,3 +90,18 @@ def parse_duration(text: str) -> float:
     if not parts or "".join(number + unit for number, unit in parts) != stripped:
         raise ConfigError(f"not a duration: {text!r} (examples: 5s, 250ms, 1m, 1m30s, 2.5)")
     return sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
+
+
+def format_duration(seconds: float) -> str:
+    """`5.0` -> `5s`, `0.25` -> `250ms`, `90.0` -> `90s`: how --help shows a default."""
+    if seconds < 1 and seconds * 1000 == int(seconds * 1000):
+        return f"{int(seconds * 1000)}ms"
+    return f"{seconds:g}s"
+
+
+def format_size(size_bytes: int) -> str:
+    """`8388608` -> `8MiB`: the largest binary unit that divides it, else plain bytes."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size_bytes and size_bytes % scale == 0:
+            return f"{size_bytes // scale}{unit}"
+    return str(size_bytes)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import GOLDEN
+from tests.conftest import FIXTURES, GOLDEN
 from tests.support import cli_command
 
 CONFIGS = GOLDEN / "handshake" / "configs"
@@ -333,6 +333,13 @@ def test_does_not_fit_is_still_json_with_the_longest_length() -> None:
         ([LLAMA, "--available-kv-bytes", "lots"], 2, "argument --available-kv-bytes"),
         ([LLAMA, "--num-gpu-blocks", "1", "--sweep", "nonsense"], 2, "--sweep 'nonsense'"),
         ([LLAMA, "-tp", "two", "--num-gpu-blocks", "1"], 2, "-tp must be an integer"),
+        # A typo'd dtype lists the valid ones; a bad length shows token examples.
+        (
+            [LLAMA, "--kv-cache-memory-bytes", "1G", "--kv-cache-dtype", "fp9"],
+            2,
+            "--kv-cache-dtype: invalid choice 'fp9' (choose from auto, bfloat16,",
+        ),
+        ([LLAMA, "--kv-cache-memory-bytes", "1G", "--max-model-len", "12q"], 2, "128K (131072)"),
     ],
 )
 def test_errors_are_one_line_and_json_with_json(args: list[str], code: int, needle: str) -> None:
@@ -472,3 +479,31 @@ def test_a_release_newer_than_known_is_approximate() -> None:
     refused = kvcap(*common, "--num-gpu-blocks", "1", "--vllm-version", "latest")
     assert refused.returncode == 2
     assert "--vllm-version: vllm_version 'latest' is not a vLLM release number" in refused.stderr
+
+
+def test_capacity_json_into_a_closed_pipe_exits_quietly() -> None:
+    """`capacity --sweep ... --json | head -c 10`: no BrokenPipeError traceback."""
+    model = FIXTURES / "configs" / "command-r7b.json"
+    command = cli_command(
+        "capacity", "--json",
+        "--sweep", "max-model-len=1k,2k,4k,8k,16k,32k,64k,128k", "--sweep", "tp=1,2,4,8",
+        "--", "vllm", "serve", str(model), "--kv-cache-memory-bytes", "40GiB",
+    )  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        assert process.stdout is not None
+        assert process.stderr is not None
+        assert process.stdout.read(10)
+        process.stdout.close()  # as `head` does once it has its bytes
+        stderr = process.stderr.read().decode()
+        process.wait(timeout=60)
+    assert process.returncode == 0, stderr
+    assert stderr == ""
+
+
+def test_a_bad_value_in_a_yaml_config_names_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "vllm.yaml"
+    config.write_text("max_model_len: 12q\n")
+    run = kvcap("capacity", "--", "vllm", "serve", LLAMA, "--config", str(config),
+                "--kv-cache-memory-bytes", "1G")  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert f"--config {config}: --max-model-len: not a count: '12q'" in run.stderr

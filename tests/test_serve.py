@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import pytest
 
 from exporter.cli import build_parser
 from exporter.demo import simulated_deployment
+from exporter.flags import Flags, duration, size
 from tests.support import cli_command
 
 
@@ -138,6 +140,19 @@ def test_demo_prints_a_working_scrape_url() -> None:
         stop_within(process, signal.SIGTERM)
 
 
+def test_the_demos_index_lists_its_flags_as_serve_does() -> None:
+    with start("demo", "--web.listen-address", "127.0.0.1:0", "--log.level", "warn") as process:
+        assert process.stdout is not None
+        lines = [process.stdout.readline() for _ in range(6)]
+        scrape = next(line.split()[1] for line in lines if line.startswith("scrape:"))
+        with urllib.request.urlopen(scrape.removesuffix("/metrics") + "/", timeout=5) as page:
+            body = page.read().decode()
+        stop_within(process, signal.SIGTERM)
+    assert "--web.listen-address" in body
+    assert "127.0.0.1:0" in body
+    assert "--log.level" in body
+
+
 def run_briefly(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         cli_command(*args),
@@ -212,8 +227,9 @@ def test_durations_warning_level_and_logfmt_values() -> None:
         url = url_from(started)
         with urllib.request.urlopen(url + "/", timeout=5) as response:
             page = response.read().decode()
-        assert "<code>--vllm.poll-interval</code></td><td><code>0.25</code>" in page
-        assert "<code>--nvml.poll-interval</code></td><td><code>60.0</code>" in page
+        # As given (issue 23): not 0.25 and 60.0.
+        assert "<code>--vllm.poll-interval</code></td><td><code>250ms</code>" in page
+        assert "<code>--nvml.poll-interval</code></td><td><code>1m</code>" in page
         assert "<code>--web.listen-address</code></td><td><code>127.0.0.1:0</code>" in page
         stop_within(process, signal.SIGTERM)
     with start("serve", "--web.listen-address", "127.0.0.1:0", "--log.level", "warning") as quiet:
@@ -311,3 +327,51 @@ def test_settings_kvcap_is_told_are_checked_against_the_engine(tmp_path: Path, t
     assert len(mismatches) == 2 * len(expected)
     assert 'field="max_model_len"' in " ".join(mismatches)
     assert len(logged) == 2 * len(expected)  # once per engine and setting, not per poll
+
+
+def test_choice_twins_are_checked_as_their_flags() -> None:
+    """KVCAP_LOG_FORMAT=text and KVCAP_VLLM_PLATFORM=gpu: exit 2, one line, as the flags."""
+    for variable, value, valid in (
+        ("KVCAP_LOG_FORMAT", "text", "logfmt"),
+        ("KVCAP_VLLM_PLATFORM", "gpu", "cuda"),
+    ):
+        run = run_briefly("serve", "--web.listen-address", "127.0.0.1:0", env={variable: value})
+        assert run.returncode == 2, (variable, run.stderr)
+        assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+        assert variable in run.stderr
+        assert repr(value) in run.stderr
+        assert valid in run.stderr
+
+
+def test_flags_show_as_they_were_given() -> None:
+    """`/` lists the active flags: `5s` and `8MiB` as typed, defaults in the same units."""
+    parser = argparse.ArgumentParser()
+    flags = Flags(parser)
+    group = flags.group("vllm")
+    group.add("--vllm.poll-interval", metavar="D", type=duration, default=5.0, help="h")
+    group.add("--vllm.timeout", metavar="D", type=duration, default=2.0, help="h")
+    group.add("--vllm.max-body-size", metavar="S", type=size, default=8 * 2**20, help="h")
+    group.add("--vllm.cache", metavar="S", type=size, default=2**20, help="h")
+    flags.apply_environment({"KVCAP_VLLM_CACHE": "1048576"})
+    args = parser.parse_args(["--vllm.poll-interval=1m30s", "--vllm.max-body-size", "16MiB"])
+    assert dict(flags.active(args)) == {
+        "--vllm.poll-interval": "1m30s",
+        "--vllm.timeout": "2s",
+        "--vllm.max-body-size": "16MiB",
+        "--vllm.cache": "1048576",
+    }
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://127.0.0.1:8000", "127.0.0.1:8000", "http://:80", "http://h:99999"]
+)
+def test_a_vllm_url_that_is_not_http_is_refused_at_start_up(url: str) -> None:
+    for args, env in (
+        (["--vllm.url", url], {}),
+        ([], {"KVCAP_VLLM_URL": url}),
+    ):
+        run = run_briefly("serve", "--web.listen-address", "127.0.0.1:0", *args, env=env)
+        assert run.returncode == 2, (url, run.stderr)
+        assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+        assert "http://" in run.stderr
+        assert "KVCAP_VLLM_URL" in run.stderr or "--vllm.url" in run.stderr

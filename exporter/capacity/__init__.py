@@ -11,7 +11,7 @@ from exporter.capacity.families import supported_families
 from exporter.capacity.hf_config import MAX_LAYERS, HfConfig
 from exporter.capacity.platforms import CPU, CUDA, PLATFORMS, platform_rules
 from exporter.capacity.releases import NEWEST, RELEASES, ReleaseRules, parse_version, release_rules
-from exporter.capacity.settings import EngineSettings, dtype_bytes
+from exporter.capacity.settings import KV_CACHE_DTYPES, EngineSettings, dtype_bytes
 from exporter.capacity.specs import MambaSpec, cdiv
 from exporter.capacity.value import (
     NO_CAPACITY,
@@ -26,6 +26,7 @@ from exporter.capacity.value import (
 __all__ = [
     "CPU",
     "CUDA",
+    "KV_CACHE_DTYPES",
     "MAX_LAYERS",
     "NEWEST",
     "NO_CAPACITY",

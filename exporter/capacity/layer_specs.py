@@ -10,6 +10,7 @@ from exporter.capacity.hf_config import HfConfig
 from exporter.capacity.platforms import FLASHMLA_BLOCK
 from exporter.capacity.settings import (
     FP8_KV_CACHE_DTYPES,
+    KV_CACHE_DTYPES,
     NVFP4_KV_CACHE_DTYPES,
     PER_TOKEN_HEAD_KV_CACHE_DTYPES,
     EngineSettings,
@@ -26,7 +27,7 @@ from exporter.capacity.specs import (
     SlidingWindowSpec,
     cdiv,
 )
-from exporter.errors import ConfigError, UnsupportedConfiguration
+from exporter.errors import ConfigError, UnsupportedConfiguration, UsageError
 
 # FlashAttention-MLA and Triton MLA take any multiple of 16 tokens per block.
 _MLA_KERNEL_BLOCK = 16
@@ -84,7 +85,10 @@ def resolve_kv_cache_dtype(requested: str, hf: HfConfig, model_dtype: str) -> Kv
         return KvCacheDtype(name, 1)
     if name in ("float16", "half", "bfloat16", "float32", "float"):
         return KvCacheDtype(name, dtype_bytes(name))
-    raise ConfigError(f"unsupported --kv-cache-dtype {requested!r}")
+    # A usage error (exit 2) listing the choices: a dtype kvcap does not plan for is most
+    # often a typo. The sidecar keeps the rest of the arguments and reports the derivation.
+    choices = ", ".join(KV_CACHE_DTYPES)
+    raise UsageError(f"--kv-cache-dtype: invalid choice {requested!r} (choose from {choices})")
 
 
 def attention_spec(layer: AttentionLayer, block_size: int, kv: KvCacheDtype) -> AttentionSpec:

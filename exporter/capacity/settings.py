@@ -31,6 +31,20 @@ PER_TOKEN_HEAD_KV_CACHE_DTYPES = frozenset(
     {"int8_per_token_head", "fp8_per_token_head", "int4_per_token_head"}
 )
 NVFP4_KV_CACHE_DTYPES = frozenset({"nvfp4", "nvfp4_4over6"})
+# Every --kv-cache-dtype the capacity model plans for (resolve_kv_cache_dtype), in the
+# order a usage error lists them.
+KV_CACHE_DTYPES = (
+    "auto",
+    "bfloat16",
+    "float16",
+    "half",
+    "float32",
+    "float",
+    *sorted(FP8_KV_CACHE_DTYPES),
+    *sorted(PER_TOKEN_HEAD_KV_CACHE_DTYPES),
+    *sorted(NVFP4_KV_CACHE_DTYPES),
+    "nvfp4_ds_mla",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -264,7 +264,10 @@ class ServerPoller:
             ):
                 path = Path(root)
         if path is None:
-            path = self._hf_cache_model(documents)
+            found = self._hf_cache_model(documents)
+            if isinstance(found, _NotFound):
+                return unreadable_config_deriver(found.message)
+            path = found
         if path is None:
             return None
         version = file_version(model_config_file(path))
@@ -273,18 +276,33 @@ class ServerPoller:
             read = self._model_config = self._read_model_config(path, version, replacing=read)
         return read.derive
 
-    def _hf_cache_model(self, documents: ServerDocuments) -> Path | None:
-        """A Hugging Face model id (the served model, else /v1/models root) found in this
-        container's HF cache (HF_HUB_CACHE / HF_HOME), offline; None when it is not."""
+    def _hf_cache_model(self, documents: ServerDocuments) -> Path | _NotFound | None:
+        """A Hugging Face model id (the served model, else /v1/models root) found in the HF
+        cache vLLM uses: HF_HUB_CACHE / HF_HOME of the vLLM process where its environment
+        can be read (a shared process namespace, the same user), then this container's.
+        None when it names no id; an id not found is said once, with where it looked, and
+        derives nothing (each engine's derivation_error says so too)."""
         args = self.serve_args()
         names = [args.model if args else None, served_model(documents.models).get("root")]
+        vllm_environ = discover_hf_environ(port=_url_port(self.url))
+        environs = [vllm_environ, os.environ] if vllm_environ else [os.environ]
+        failures: list[str] = []
         for name in names:
-            if isinstance(name, str) and not name.startswith("/") and looks_like_repo_id(name):
+            if not (
+                isinstance(name, str) and not name.startswith("/") and looks_like_repo_id(name)
+            ):
+                continue
+            for environ in environs:
                 try:
-                    return find_snapshot(name, args.revision if args else None, os.environ)
-                except ConfigError:
-                    continue
-        return None
+                    return find_snapshot(name, args.revision if args else None, environ)
+                except ConfigError as error:
+                    if str(error) not in failures:
+                        failures.append(str(error))
+        if not failures:
+            return None
+        message = "; ".join(failures)
+        self._warn_once("model_config_not_found", message)
+        return _NotFound(message)
 
     def _read_model_config(
         self, path: Path, version: FileVersion | None, replacing: ModelConfigRead | None
@@ -328,9 +346,40 @@ def discover_serve_args(
     return found[0][1] if len(found) == 1 else None
 
 
-def _vllm_command_lines(proc: Path) -> Iterator[tuple[int | None, VllmServeArgs]]:
-    """The port and parsed command line of every vLLM API server in /proc, lowest PID
-    first."""
+# What huggingface_hub reads to find its cache (hf_cache.hub_cache_dir).
+HF_CACHE_VARIABLES = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME")
+# A process's environment, read at most this far (the kernel's limit on argv + envp is 2 MiB).
+MAX_ENVIRON_BYTES = 2**21
+
+
+@dataclass(frozen=True)
+class _NotFound:
+    """A Hugging Face id the cache does not have: `message` says where kvcap looked."""
+
+    message: str
+
+
+def discover_hf_environ(proc: Path = Path("/proc"), port: int | None = None) -> dict[str, str]:
+    """The Hugging Face cache variables of the vLLM API server on `port` (as
+    discover_serve_args picks it), where this process may read its environment (the same
+    user, or a shared process namespace with the right to); else none."""
+    found = [(listening, entry) for listening, entry, _ in _vllm_processes(proc)]
+    on_port = [entry for listening, entry in found if port is None or listening == port]
+    entries = on_port or ([found[0][1]] if len(found) == 1 else [])
+    for entry in entries[:1]:
+        try:
+            with (entry / "environ").open("rb") as environ:
+                text = environ.read(MAX_ENVIRON_BYTES)
+        except OSError:
+            return {}
+        pairs = (item.decode("utf-8", "replace").partition("=") for item in text.split(b"\0"))
+        return {k: v for k, _, v in pairs if k in HF_CACHE_VARIABLES and v}
+    return {}
+
+
+def _vllm_processes(proc: Path) -> Iterator[tuple[int | None, Path, list[str]]]:
+    """The listening port, /proc entry and command line of every vLLM API server, lowest
+    PID first."""
     try:
         entries = [p for p in proc.iterdir() if p.name.isdigit()]
     except OSError:
@@ -341,11 +390,17 @@ def _vllm_command_lines(proc: Path) -> Iterator[tuple[int | None, VllmServeArgs]
         except OSError:
             continue
         words = [w.decode("utf-8", "replace") for w in argv if w]
-        if not _looks_like_vllm(words):
-            continue
+        if _looks_like_vllm(words):
+            yield _listening_port(words), entry, words
+
+
+def _vllm_command_lines(proc: Path) -> Iterator[tuple[int | None, VllmServeArgs]]:
+    """The port and parsed command line of every vLLM API server in /proc, lowest PID
+    first."""
+    for listening, entry, words in _vllm_processes(proc):
         args = _parse_command_line(words, entry)
         if args is not None:
-            yield _listening_port(words), args
+            yield listening, args
 
 
 def _parse_command_line(words: list[str], entry: Path) -> VllmServeArgs | None:
@@ -397,6 +452,21 @@ def _looks_like_vllm(words: list[str]) -> bool:
     return ("vllm" in joined and " serve" in f" {joined}") or "vllm.entrypoints" in joined
 
 
+def server_url(text: str) -> str:
+    """--vllm.url: an http:// or https:// URL with a host, checked at start-up (not by a
+    poll that fails every interval)."""
+    parts = urllib.parse.urlsplit(text.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an http:// or https:// URL (e.g. http://127.0.0.1:8000)"
+        )
+    try:
+        parts.port  # noqa: B018  # a port out of range raises here
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+    return text.strip()
+
+
 def _add_arguments(group: FlagGroup) -> None:
     # In help order: where and how to poll, when data ages out, what to derive from.
     _add_polling_arguments(group)
@@ -409,6 +479,7 @@ def _add_polling_arguments(group: FlagGroup) -> None:
     group.add(
         "--vllm.url",
         metavar="URL",
+        type=server_url,
         repeatable=True,
         default=[],
         help="a vLLM API server to poll, e.g. http://127.0.0.1:8000 (repeatable; "

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
@@ -74,9 +74,10 @@ def demo_running(
     listen_address: str = "127.0.0.1:0",
     web_config_file: Path | None = None,
     poll_interval_s: float = 1.0,
+    active_flags: Sequence[tuple[str, str]] = (),
 ) -> Iterator[tuple[SimulatedVllm, Exporter]]:
     """The simulated deployment (its config.json under `models`) and an exporter polling it
-    through the real vllm_http collector; both stopped on exit."""
+    through the real vllm_http collector; both stopped on exit. `/` lists `active_flags`."""
     simulation = simulated_deployment(models / DEMO_MODEL)
     simulation.start()
     try:
@@ -86,6 +87,7 @@ def demo_running(
             [http_collector(simulation, poll_interval_s), kv_events],
             listen_address,
             web_config_file,
+            active_flags=active_flags,
         )
         try:
             exporter.start()
@@ -133,7 +135,12 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     stop = StopSignals()
     with (
         tempfile.TemporaryDirectory(prefix="kvcap-demo-") as models,
-        demo_running(Path(models), args.web_listen_address, args.web_config_file) as running,
+        demo_running(
+            Path(models),
+            args.web_listen_address,
+            args.web_config_file,
+            active_flags=list(args.flags.active(args)),
+        ) as running,
     ):
         simulation, exporter = running
         out.write(summary(exporter, simulation))

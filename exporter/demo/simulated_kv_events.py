@@ -1,8 +1,8 @@
 """The simulated deployment's KV event publishers: one per engine, on real ZMQ sockets.
 
 Each engine publishes what vLLM 0.33's would for a steady stream of prompts: batches of
-BlockStored events in vLLM's map shape (one per KV cache group: the Gemma 3 demo model has
-a full-attention and a sliding-window group) and, once its working set is full,
+BlockStored events in vLLM's map shape (one per KV cache group of the demo's plan: Gemma
+3's sliding-window groups, then its full-attention group) and, once its working set is full,
 BlockRemoved events for the oldest blocks. Like vLLM it binds a PUB socket (the port is
 the one it reports in /kv_event_sources) and a ROUTER replay socket that answers
 `[b"", start]` with every buffered batch from `start`, then an end marker.
@@ -23,13 +23,20 @@ from exporter.kv_events_wire import parse_sequence, sequence_frame
 
 _END_OF_REPLAY = sequence_frame(-1)
 _REPLAY_BUFFER = 10_000
-# (group index, kv_cache_spec_kind, sliding window): the demo model's two groups.
-_GROUPS = ((0, "full_attention", None), (1, "sliding_window", 1024))
+# (group index, kv_cache_spec_kind, sliding window) of each KV cache group.
+KvGroup = tuple[int, str, int | None]
 
 
 class _EnginePublisher:
-    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], rank: int, seed: int) -> None:
+    def __init__(
+        self,
+        context: zmq.Context[zmq.Socket[bytes]],
+        rank: int,
+        seed: int,
+        groups: tuple[KvGroup, ...],
+    ) -> None:
         self.rank = rank
+        self.groups = groups
         self.pub = context.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind("tcp://127.0.0.1:0")
@@ -38,7 +45,7 @@ class _EnginePublisher:
         self.router.bind("tcp://127.0.0.1:0")
         self.sequence = 0
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=_REPLAY_BUFFER)
-        self.resident: dict[int, deque[int]] = {group: deque() for group, _, _ in _GROUPS}
+        self.resident: dict[int, deque[int]] = {group: deque() for group, _, _ in groups}
         self.random = random.Random(seed)
 
     def endpoint(self, socket: zmq.Socket[bytes]) -> str:
@@ -59,7 +66,7 @@ class _EnginePublisher:
 
     def step(self, blocks: int, working_set: int, block_size: int) -> None:
         events: list[dict[str, Any]] = []
-        for group, kind, window in _GROUPS:
+        for group, kind, window in self.groups:
             resident = self.resident[group]
             # The sliding-window group keeps a quarter of the blocks the full group does.
             limit = working_set if window is None else working_set // 4
@@ -123,12 +130,15 @@ class SimulatedKvEvents:
         engines: int,
         *,
         block_size: int,
+        groups: tuple[KvGroup, ...],
         step_s: float = 0.2,
         blocks_per_step: int = 8,
         working_set: int = 512,
     ) -> None:
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._publishers = [_EnginePublisher(self._context, r, seed=r) for r in range(engines)]
+        self._publishers = [
+            _EnginePublisher(self._context, r, seed=r, groups=groups) for r in range(engines)
+        ]
         self._block_size = block_size
         self._step_s = step_s
         self._blocks = blocks_per_step

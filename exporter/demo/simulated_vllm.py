@@ -224,7 +224,13 @@ class SimulatedVllm:
         simulation = self
         if self.kv_events and self._publishers is None:
             self._publishers = SimulatedKvEvents(
-                self.data_parallel_size, block_size=self.plan.capacity.block_size or 16
+                self.data_parallel_size,
+                block_size=self.plan.capacity.block_size or 16,
+                # The plan's groups, in its order (vLLM's group_idx), named as vLLM names them.
+                groups=tuple(
+                    (index, group.kind, group.sliding_window)
+                    for index, group in enumerate(self.plan.capacity.groups)
+                ),
             )
             self._publishers.start()
 

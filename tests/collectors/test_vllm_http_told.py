@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import structlog.testing
 
 from exporter.cli import CommandLineParser
 from exporter.collectors import (
@@ -89,3 +90,103 @@ def test_a_hugging_face_id_is_derived_from_the_hf_cache(
     assert {v.derived_kv_cache_size_tokens for v in views} == {
         local.plan.capacity.kv_cache_size_tokens
     }
+
+
+def _fake_vllm_process(proc: Path, pid: int, argv: list[str], environ: dict[str, str]) -> Path:
+    entry = proc / str(pid)
+    entry.mkdir(parents=True)
+    (entry / "cmdline").write_bytes(b"\0".join(w.encode() for w in argv) + b"\0")
+    (entry / "environ").write_bytes(b"".join(f"{k}={v}\0".encode() for k, v in environ.items()))
+    return entry
+
+
+def test_the_hf_cache_variables_of_the_vllm_process_are_read_from_proc(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    vllm = ["vllm", "serve", "Qwen/Qwen3-0.6B", "--port", "8000"]
+    env = {"HF_HOME": "/models/huggingface", "PATH": "/usr/bin", "SECRET": "x", "HF_TOKEN": "t"}
+    entry = _fake_vllm_process(proc, 17, vllm, env)
+    _fake_vllm_process(proc, 18, ["vllm", "serve", "other", "--port", "9000"], {"HF_HOME": "/b"})
+    # Only the cache's variables, of the server on the sidecar's port.
+    assert vllm_http.discover_hf_environ(proc, 8000) == {"HF_HOME": "/models/huggingface"}
+    assert vllm_http.discover_hf_environ(proc, 9000) == {"HF_HOME": "/b"}
+    assert vllm_http.discover_hf_environ(proc, 7000) == {}  # two servers, none on the port
+    # Another user's process: its environment cannot be read, and nothing is made up.
+    (entry / "environ").unlink()
+    (entry / "environ").mkdir()
+    assert vllm_http.discover_hf_environ(proc, 8000) == {}
+
+
+def test_a_hugging_face_id_found_through_the_vllm_process_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sidecar's own HF_HOME points elsewhere; vLLM's (read from /proc) has the model."""
+    local = simulated_deployment(tmp_path / "local")
+    home = tmp_path / "models" / "huggingface"
+    config = json.dumps(dict(local.config)).encode()
+    add_snapshot(home / "hub", "google/gemma-3-27b-it", COMMIT, {"config.json": config})
+    set_ref(home / "hub", "google/gemma-3-27b-it", "main", COMMIT)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "elsewhere"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    simulation = dataclasses.replace(local, model_path="google/gemma-3-27b-it", engines={})
+    url = simulation.start()
+    proc = tmp_path / "proc"
+    port = int(url.rpartition(":")[2])
+    argv = ["vllm", "serve", "google/gemma-3-27b-it", "--port", str(port)]
+    _fake_vllm_process(proc, 17, argv, {"HF_HOME": str(home)})
+    real = vllm_http.discover_hf_environ
+    monkeypatch.setattr(vllm_http, "discover_hf_environ", lambda port: real(proc, port))
+    try:
+        store = StateStore()
+        told = parse_vllm_serve_args(simulation.vllm_args)
+        settings = VllmHttpSettings(urls=(url,), serve_args=told)
+        ServerPoller(url, settings, fetch, store, threading.Event()).poll_once()
+    finally:
+        simulation.stop()
+    views = store.snapshot().engines
+    assert [v.derivation_error for v in views] == [None, None]
+    assert {v.derived_kv_cache_size_tokens for v in views} == {
+        local.plan.capacity.kv_cache_size_tokens
+    }
+
+
+def test_a_hugging_face_id_not_in_the_cache_says_where_kvcap_looked_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local = simulated_deployment(tmp_path / "local")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setattr(vllm_http, "discover_hf_environ", lambda port: {})
+    simulation = dataclasses.replace(local, model_path="google/gemma-3-27b-it", engines={})
+    url = simulation.start()
+    try:
+        store = StateStore()
+        told = parse_vllm_serve_args(simulation.vllm_args)
+        settings = VllmHttpSettings(urls=(url,), serve_args=told)
+        poller = ServerPoller(url, settings, fetch, store, threading.Event())
+        with structlog.testing.capture_logs() as logs:
+            poller.poll_once()
+            poller.poll_once()
+    finally:
+        simulation.stop()
+    where = str(tmp_path / "empty" / "hub")
+    errors = {v.derivation_error for v in store.snapshot().engines}
+    assert len(errors) == 1
+    (error,) = errors
+    assert error is not None
+    assert where in error
+    assert "google/gemma-3-27b-it" in error
+    warned = [e for e in logs if e["event"] == "model_config_not_found"]
+    assert len(warned) == 1, logs
+    assert where in warned[0]["error"], logs
+
+
+def test_a_hostile_proc_environ_is_read_within_its_bound(tmp_path: Path) -> None:
+    """3 MiB without a separator, then HF_HOME; bytes that are not UTF-8: read up to
+    MAX_ENVIRON_BYTES (the kernel's own limit), only the cache variables kept."""
+    proc = tmp_path / "proc"
+    entry = _fake_vllm_process(proc, 17, ["vllm", "serve", "m"], {})
+    huge = b"A" * (3 * 2**20) + b"\0HF_HOME=/far\0"
+    (entry / "environ").write_bytes(huge)
+    assert vllm_http.discover_hf_environ(proc, 8000) == {}
+    (entry / "environ").write_bytes(b"\xff\xfe=\x00HF_HOME=/m\xffodels\0HF_HUB_CACHE=\0")
+    assert vllm_http.discover_hf_environ(proc, 8000) == {"HF_HOME": "/m\ufffdodels"}

@@ -592,3 +592,14 @@ def test_daemon_runs_non_root_on_a_read_only_root(daemon: Daemon) -> None:
     for trouble in ("Traceback", "Read-only file system", "Permission denied"):
         assert trouble not in stderr, stderr
     assert not daemon.written_outside_the_socket_folder()
+
+
+def test_the_wheel_builds_without_setuptools_warnings(tmp_path: Path) -> None:
+    """`pip install .` and the image's `pip wheel` print no deprecation of our metadata."""
+    built = run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", tmp_path, ROOT],
+        env=build_env(),
+    )
+    assert built.returncode == 0, built.stderr
+    for warning in ("BuildBackendWarning", "SetuptoolsDeprecationWarning", "is deprecated"):
+        assert warning not in built.stdout + built.stderr, built.stderr

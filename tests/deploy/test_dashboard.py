@@ -157,6 +157,39 @@ def test_every_query_follows_the_cluster_namespace_and_pod_variables(query: Quer
     )
 
 
+@pytest.mark.parametrize("query", queries(), ids=lambda q: q.id)
+def test_a_query_of_engines_follows_the_model_name_variable(query: Query) -> None:
+    """Picking a model narrows every per-engine panel (the prefix lifetimes did not): by a
+    selector of the series, or a join with kvcap_engine_info selected by model."""
+    if 'engine=~"$engine"' in query.expr:
+        assert 'model_name=~"$model_name"' in query.expr, query.expr
+
+
+# Labels Prometheus adds to every target (PodMonitor, ServiceMonitor, static configs).
+TARGET_LABELS = {"cluster", "namespace", "pod", "container", "job", "instance", "endpoint"}
+
+
+def documented_labels(metric: str) -> set[str]:
+    """The labels docs/metrics.md gives a self metric in its table row."""
+    for line in METRICS_DOC.read_text(encoding="utf-8").splitlines():
+        cells = line.split("|")
+        if len(cells) > 4 and cells[1].strip() == f"`{metric}`":
+            return set(re.findall(r"`(\w+)`", cells[3]))
+    raise AssertionError(f"{metric} is not in docs/metrics.md")
+
+
+@pytest.mark.parametrize("query", queries(), ids=lambda q: q.id)
+def test_collector_panels_group_by_labels_the_collector_series_have(query: Query) -> None:
+    """A `by`/`on` label the series lack makes one group of everything (the collector
+    panel's `source`, renamed `collector`, hid each collector's zero line)."""
+    metrics = set(re.findall(r"kvcap_collector_(?:up|errors_total)\b", query.expr))
+    if not metrics:
+        return
+    allowed = TARGET_LABELS | {label for m in metrics for label in documented_labels(m)}
+    for labels in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", query.expr):
+        assert {x.strip() for x in labels.split(",")} <= allowed, query.expr
+
+
 def test_queries_use_only_documented_metrics() -> None:
     documented = set(re.findall(r"`(kvcap_\w+)`", METRICS_DOC.read_text(encoding="utf-8")))
     used = set()

@@ -11,12 +11,15 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +108,10 @@ class VllmServer(LoggedProcess):
             str(self.port),
             *args,
         ]
+        # vLLM's IPC sockets (/tmp/<uuid> by default, left behind when a process is
+        # killed): a folder of this server's own, removed by stop(). Short, under /tmp: a
+        # socket path has at most 107 bytes.
+        self.ipc_dir = Path(tempfile.gettempdir()) / f"kvcap-vllm-ipc-{uuid.uuid4().hex[:12]}"
         self.env = {
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
@@ -114,6 +121,9 @@ class VllmServer(LoggedProcess):
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             **(env or {}),
+            # Its own, also where `env` is another server's; its other temporary files too.
+            "VLLM_RPC_BASE_PATH": str(self.ipc_dir),
+            "TMPDIR": str(self.ipc_dir),
         }
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -131,6 +141,7 @@ class VllmServer(LoggedProcess):
             self._start_once()
 
     def _start_once(self) -> None:
+        self.ipc_dir.mkdir(mode=0o700, exist_ok=True)
         # Not from the checkout: `python -m` puts the working directory first on the path,
         # and the checkout's `exporter/` and `.egg-info` would stand in for the plugin the
         # test installed.
@@ -157,8 +168,10 @@ class VllmServer(LoggedProcess):
             return False
 
     def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 30) -> None:
-        """Signal the whole process group, wait, and SIGKILL what is left."""
+        """Signal the whole process group, wait, and SIGKILL what is left; then remove the
+        IPC socket folder (it is made again by the next start)."""
         if self.process is None:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
             return
         _signal_group(self.process.pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -166,6 +179,7 @@ class VllmServer(LoggedProcess):
         _signal_group(self.process.pid, signal.SIGKILL)
         self.process.wait()
         self._wait_group_gone(self.process.pid, timeout_s)
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
     def _wait_group_gone(self, pgid: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

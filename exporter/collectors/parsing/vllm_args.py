@@ -117,7 +117,9 @@ def parse_vllm_serve_args(
     config_file = _config_file(tokens)
     if config_file is not None and read_config is not None:
         # vLLM puts the file's flags first, so the command line wins over the file.
-        tokens = [*config_tokens(config_file, read_config), *tokens]
+        file_tokens = config_tokens(config_file, read_config)
+        _check_values(file_tokens, f"--config {config_file}")
+        tokens = [*file_tokens, *tokens]
     parsed = _parse_tokens(tokens, accepted)
     return dataclasses.replace(parsed, **environment) if environment else parsed
 
@@ -205,6 +207,16 @@ def _config_file(tokens: list[str]) -> str | None:
         elif token.startswith("--config="):
             found = token.partition("=")[2]
     return found
+
+
+def _check_values(tokens: list[str], where: str) -> None:
+    """A bad value of a known flag among `tokens` (a config file's) names `where`."""
+    for flag, value in zip(tokens, [*tokens[1:], ""], strict=True):
+        if flag in _FLAGS and not value.startswith("--"):
+            try:
+                vllm_flag_value(flag, value)
+            except UsageError as error:
+                raise UsageError(f"{where}: {error}") from None
 
 
 def config_tokens(path: str, read_config: Callable[[str], str]) -> list[str]:

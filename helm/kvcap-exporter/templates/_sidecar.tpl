@@ -49,6 +49,29 @@ PYTHONPATH. It needs only msgspec and pyzmq, which vLLM has.
 {{- end -}}
 {{- end -}}
 
+{{/*
+HF_HOME and HF_HUB_CACHE of vLLM's Hugging Face cache (model.hfHome, default
+<model.mountPath>/huggingface; model.hfHubCache), as env items; the example's env wins, as
+in its vLLM container. The sidecar gets the same, to find the config.json of a model id.
+*/}}
+{{- define "kvcap-exporter.hfCacheEnv" -}}
+{{- $v := .values -}}
+{{- $home := $v.model.hfHome | default (printf "%s/huggingface" $v.model.mountPath) -}}
+{{- $hubCache := $v.model.hfHubCache -}}
+{{- if $v.example.enabled }}
+{{- range $v.example.env }}
+{{- if and (eq .name "HF_HOME") .value }}{{ $home = .value }}{{ end }}
+{{- if and (eq .name "HF_HUB_CACHE") .value }}{{ $hubCache = .value }}{{ end }}
+{{- end }}
+{{- end -}}
+- name: HF_HOME
+  value: {{ $home | quote }}
+{{- with $hubCache }}
+- name: HF_HUB_CACHE
+  value: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
 {{- define "kvcap-exporter.sidecar" -}}
 {{- include "kvcap-exporter.checkValues" . -}}
 {{- $v := .values -}}
@@ -80,7 +103,7 @@ PYTHONPATH. It needs only msgspec and pyzmq, which vLLM has.
     {{- range $v.sidecar.extraArgs }}
     - {{ . | quote }}
     {{- end }}
-  {{- if or $v.handshake.enabled $v.vllm.args $v.nvml.runtimeDevices $v.sidecar.extraEnv }}
+  {{- if or $v.handshake.enabled $v.vllm.args $v.model.volumeName $v.nvml.runtimeDevices $v.sidecar.extraEnv }}
   env:
     {{- if $v.handshake.enabled }}
     - name: KVCAP_HANDSHAKE_LISTEN
@@ -90,6 +113,10 @@ PYTHONPATH. It needs only msgspec and pyzmq, which vLLM has.
     # vllm.args, the list the vLLM container runs with, shell-quoted.
     - name: KVCAP_VLLM_ARGS
       value: {{ include "kvcap-exporter.vllmArgsString" . | quote }}
+    {{- end }}
+    {{- if $v.model.volumeName }}
+    # The Hugging Face cache vLLM reads a model id from: the sidecar reads its config.json.
+    {{- include "kvcap-exporter.hfCacheEnv" . | nindent 4 }}
     {{- end }}
     {{- with $v.nvml.runtimeDevices }}
     # NVML without a GPU request: the toolkit mounts the driver's library and devices.
