@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,9 +19,20 @@ MAX_ARGS_CHARS = 64 * 1024
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d[T ][\d:.,]+(?:Z|[+-]\d\d:?\d\d)?\s+")
-_PREFIX = re.compile(r"^\((?P<name>[A-Za-z][\w:.-]*)(?P<attrs>(?:\s+\w+=[\w.-]+)*)\)\s*")
+# "(EngineCore_DP1 pid=42)", "(VllmWorker TP0 pid=7)", "(VllmWorker rank=2 pid=7)",
+# "(RayWorkerWrapper pid=345, ip=10.0.0.1)"; Ray nests a worker's prefix in its engine's.
+_PREFIX = re.compile(
+    r"^\((?P<name>[A-Za-z][\w:.-]*)(?P<attrs>(?:[\s,]+[\w.]+(?:=[\w.:-]+)?)*)\)\s*"
+)
 _HEADER = re.compile(
     r"^(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d\d-\d\d\s+[\d:.]+\s+\[[^\]]*\]\s?"
+)
+# A line at least this long followed by one with no prefix, header or timestamp was cut
+# by a hard wrap (issue trackers, terminals); joined lines stop growing at the cap.
+WRAP_MIN_CHARS = 100
+MAX_JOINED_CHARS = MAX_ARGS_CHARS
+_STARTS = re.compile(
+    r"^(?:\(\w[\w:.-]*(?:\s+\w+=[\w.-]+)*\)|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s|\d{4}-\d\d-\d\d|\s*$)"
 )
 _NUMBER = r"[\d,]+"
 _ATTRS = ("rank", "pid")
@@ -36,6 +47,7 @@ _MODEL = (
     re.compile(r"█\s+model\s+(?P<m>\S+)"),
     re.compile(r"with config: model='(?P<m>[^']+)'"),
 )
+_BATCHED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(?P<n>\d+)")
 _PLATFORM = re.compile(r"Automatically detected platform (?P<p>\w+)\.")
 _DEVICE_CONFIG = re.compile(r"\bdevice_config=(?P<p>\w+)")
 _NON_DEFAULT = re.compile(r"non-default args: (?P<args>\{.*)$")
@@ -52,6 +64,9 @@ _GRAPH = re.compile(
     r"Estimated CUDA graph memory:) (?P<gib>[\d.]+) ?GiB"
 )
 _BLOCKS = re.compile(r"# (?:GPU|CUDA|cuda|gpu|CPU|cpu) blocks: (?P<n>\d+)")
+# 0.10-0.11's API server: "Engine 000: vllm cache_config_info with initialization after
+# num_gpu_blocks is: 5867".
+_INFO_BLOCKS = re.compile(r"Engine (?P<engine>\d+): .*num_gpu_blocks is:? ?(?P<n>\d+)")
 _GROUP_SIZES = re.compile(r"kv cache group sizes \((?P<sizes>[\d, ]*)\)")
 _OVERRIDE = re.compile(
     r"Overriding num_gpu_blocks=(?P<profiled>\d+) with num_gpu_blocks_override=(?P<n>\d+)"
@@ -111,6 +126,7 @@ class StartupLog:
     model: str | None = None
     platform: str | None = None
     non_default_args: dict[str, Any] | None = None
+    max_num_batched_tokens: int | None = None  # as the scheduler resolved it
     engines: tuple[EngineLines, ...] = ()
     workers: tuple[WorkerMemory, ...] = ()
     refusals: tuple[str, ...] = ()
@@ -126,11 +142,13 @@ class _Reader:
     model: str | None = None
     platform: str | None = None
     non_default_args: dict[str, Any] | None = None
+    max_num_batched_tokens: int | None = None
     engines: dict[str, dict[str, Any]] = field(default_factory=dict)
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)
     refusals: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     other: dict[str, int] = field(default_factory=dict)
+    info_blocks: dict[int, int] = field(default_factory=dict)
     vllm_lines: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -141,10 +159,12 @@ def split_line(raw: str) -> tuple[str, str, bool]:
     line = _ANSI.sub("", raw).rstrip("\r\n")
     line = _TIMESTAMP.sub("", line, count=1)
     process, known = "", False
-    prefix = _PREFIX.match(line)
-    if prefix is not None:
-        attrs = dict(a.split("=", 1) for a in prefix["attrs"].split())
-        process = prefix["name"] + "".join(f" {k}={v}" for k, v in attrs.items() if k in _ATTRS)
+    while (prefix := _PREFIX.match(line)) is not None:
+        process = prefix["name"] + "".join(
+            f" {part}"
+            for part in prefix["attrs"].replace(",", " ").split()
+            if "=" not in part or part.partition("=")[0] in _ATTRS
+        )
         line, known = line[prefix.end() :], True
     header = _HEADER.match(line)
     if header is not None:
@@ -158,11 +178,32 @@ def engine_index(process: str) -> int:
     return int(match[1]) if match else 0
 
 
+def unwrapped(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
+    """(first line number, line) with hard wraps joined: a line with no prefix, header or
+    timestamp continues a previous one that was cut at the pasting tool's width."""
+    pending, start = "", 0
+    for number, raw in enumerate(lines, start=1):
+        line = _ANSI.sub("", raw).rstrip("\r\n")
+        continues = (
+            len(pending) >= WRAP_MIN_CHARS
+            and len(pending) < MAX_JOINED_CHARS
+            and not _STARTS.match(line)
+        )
+        if continues:
+            pending += line
+            continue
+        if pending or start:
+            yield start, pending
+        pending, start = line, number
+    if start:
+        yield start, pending
+
+
 def parse_startup_log(lines: Iterable[str]) -> StartupLog:
     """Read a start-up log; never raises on what the lines say."""
     reader = _Reader()
-    for number, raw in enumerate(lines, start=1):
-        process, message, known = split_line(raw)
+    for number, line in unwrapped(lines):
+        process, message, known = split_line(line)
         reader.vllm_lines += known
         if message:
             _read_message(reader, number, process, message)
@@ -181,10 +222,15 @@ def _read_message(r: _Reader, number: int, process: str, message: str) -> None:
         match := _PLATFORM.search(message) or _DEVICE_CONFIG.search(message)
     ):
         r.platform = match["p"].lower()
+    if r.max_num_batched_tokens is None and (match := _BATCHED.search(message)):
+        r.max_num_batched_tokens = int(match["n"])
     if match := _NON_DEFAULT.search(message):
         _read_args(r, number, match["args"])
     _read_worker(r, process, message)
-    _read_engine(r, process, message)
+    if match := _INFO_BLOCKS.search(message):
+        r.info_blocks.setdefault(int(match["engine"]), int(match["n"]))
+    else:
+        _read_engine(r, process, message)
     for refusal in _REFUSALS:
         if (match := refusal.search(message)) and match[0] not in r.refusals:
             r.refusals.append(match[0])
@@ -205,13 +251,21 @@ def _read_args(r: _Reader, number: int, text: str) -> None:
             f"line {number}: non-default args longer than {MAX_ARGS_CHARS} characters"
         )
         return
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+    value = _literal(text)
+    if value is None and "}" in text:  # a joined line may run on after the dict
+        value = _literal(text[: text.rindex("}") + 1])
+    if value is None:
         r.problems.append(f"line {number}: non-default args are not a complete Python dict")
         return
     if isinstance(value, dict):
         r.non_default_args = {str(k): v for k, v in value.items()}
+
+
+def _literal(text: str) -> object:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
 
 
 def _read_worker(r: _Reader, process: str, message: str) -> None:
@@ -251,11 +305,23 @@ def _read_engine(r: _Reader, process: str, message: str) -> None:
     if not found:
         return
     entry = r.engines.setdefault(process, {"lines": []})
-    if "kv_cache_size_tokens" in found and "kv_cache_size_tokens" in entry:
-        return  # a second start in one file: the first one is explained
+    if _capacity_text(message) in entry["lines"] or (
+        "kv_cache_size_tokens" in found and "kv_cache_size_tokens" in entry
+    ):
+        return  # printed again (by each worker before 0.11.1), or a second start: the first counts
     entry.update(found)
-    if {"kv_cache_size_tokens", "max_concurrency", "group_block_sizes"} & found.keys():
-        entry["lines"].append(message)
+    if text := _capacity_text(message):
+        entry["lines"].append(text)
+
+
+def _capacity_text(message: str) -> str | None:
+    """The capacity line as vLLM formatted it, without what a progress bar glued on."""
+    size, concurrency = _SIZE.search(message), _CONCURRENCY.search(message)
+    groups = _GROUP_SIZES.search(message)
+    if size and concurrency:
+        return message[size.start() : concurrency.end()]
+    found = size or concurrency or groups
+    return found[0] if found else None
 
 
 def _int(text: str) -> int:
@@ -267,7 +333,8 @@ def _finish(r: _Reader) -> StartupLog:
         EngineLines(
             process=name,
             engine=engine_index(name),
-            **{k: v for k, v in entry.items() if k != "lines"},
+            **{k: v for k, v in entry.items() if k not in ("lines", "num_blocks")},
+            num_blocks=entry.get("num_blocks", r.info_blocks.get(engine_index(name))),
             lines=tuple(entry["lines"]),
         )
         for name, entry in r.engines.items()
@@ -278,6 +345,7 @@ def _finish(r: _Reader) -> StartupLog:
         model=r.model,
         platform=r.platform,
         non_default_args=r.non_default_args,
+        max_num_batched_tokens=r.max_num_batched_tokens,
         engines=tuple(sorted(engines, key=lambda e: (e.engine, e.process))),
         workers=tuple(WorkerMemory(process=name, **entry) for name, entry in r.workers.items()),
         refusals=tuple(r.refusals),

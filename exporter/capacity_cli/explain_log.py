@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
@@ -21,7 +21,6 @@ from exporter.capacity.startup_log import StartupLog, WorkerMemory, parse_startu
 from exporter.capacity_cli.log_explanation import engine_document, engine_text, metrics_lines
 from exporter.capacity_cli.log_reproduction import (
     EngineReproduction,
-    binding_worker,
     engines_of,
     reproduce_engine,
 )
@@ -86,6 +85,7 @@ def explain(
     model: str | None = None,
     vllm_version: str | None = None,
     platform: str | None = None,
+    overrides: Sequence[str] = (),
 ) -> LogExplanation:
     """Parse, check and re-plan a start-up log; raises ConfigError naming what is missing."""
     log = parse_startup_log(lines)
@@ -96,7 +96,7 @@ def explain(
         raise ConfigError(_no_capacity(log, source, len(lines)))
     platform = platform or _platform(log)
     resolved, config = _model(log, model)
-    settings, settings_source = _settings(log, release.version, platform)
+    settings, settings_source = _settings(log, release.version, platform, overrides)
     kv_bytes = settings_kv_bytes(log)
     reproductions = tuple(
         reproduce_engine(
@@ -104,7 +104,8 @@ def explain(
             settings,
             release.rules,
             engine,
-            binding_worker(engine, log.workers, len(engines)),
+            log.workers,
+            engines=len(engines),
             kv_memory_bytes=kv_bytes,
         )
         for engine in engines
@@ -172,22 +173,51 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _settings(log: StartupLog, version: str, platform: str) -> tuple[EngineSettings, str]:
-    """The engine settings the non-default args line gives (vLLM's defaults for the rest)."""
+def _settings(
+    log: StartupLog, version: str, platform: str, overrides: Sequence[str]
+) -> tuple[EngineSettings, str]:
+    """The engine settings the non-default args line gives (vLLM's defaults for the rest),
+    the scheduler's resolved batch size, then the vLLM flags given after the log."""
     if log.non_default_args is None:
         settings = EngineSettings(platform=platform, vllm_version=version)
-        return settings, "no 'non-default args' line: vLLM's defaults, max_model_len as logged"
-    document = json.dumps(log.non_default_args, default=str)
-    # JSON is YAML: the dict reads as vLLM's --config file does, flag by flag.
-    try:
-        tokens = config_tokens("non-default args", lambda _: document)
-        parsed = parse_vllm_serve_args(["serve", *tokens])
-    except KvcapError as error:  # the log's values, not this command line, are wrong
-        raise ConfigError(f"the log's non-default args: {error}") from None
-    settings = dataclasses.replace(
-        to_engine_settings(parsed), platform=platform, vllm_version=version
-    )
-    return settings, "the 'non-default args' line (vLLM's defaults for the rest)"
+        source = "no 'non-default args' line: vLLM's defaults, max_model_len as logged"
+    else:
+        document = json.dumps(log.non_default_args, default=str)
+        # JSON is YAML: the dict reads as vLLM's --config file does, flag by flag.
+        try:
+            tokens = config_tokens("non-default args", lambda _: document)
+            parsed = parse_vllm_serve_args(["serve", *tokens])
+        except KvcapError as error:  # the log's values, not this command line, are wrong
+            raise ConfigError(f"the log's non-default args: {error}") from None
+        settings = dataclasses.replace(
+            to_engine_settings(parsed), platform=platform, vllm_version=version
+        )
+        source = "the 'non-default args' line (vLLM's defaults for the rest)"
+    if settings.max_num_batched_tokens is None and log.max_num_batched_tokens is not None:
+        settings = dataclasses.replace(settings, max_num_batched_tokens=log.max_num_batched_tokens)
+        source += (
+            f"; max_num_batched_tokens {log.max_num_batched_tokens} as the scheduler logged it"
+        )
+    if overrides:
+        given = parse_vllm_serve_args(["serve", "model", *overrides])
+        changed = {
+            name: getattr(given, name)
+            for name in (
+                "block_size",
+                "max_num_batched_tokens",
+                "kv_cache_dtype",
+                "dtype",
+                "enable_prefix_caching",
+                "tensor_parallel_size",
+                "pipeline_parallel_size",
+                "mamba_cache_mode",
+                "max_model_len",
+            )
+            if getattr(given, name) is not None
+        }
+        settings = dataclasses.replace(settings, **changed)
+        source += f"; given after the log: {' '.join(overrides)}"
+    return settings, source
 
 
 def settings_kv_bytes(log: StartupLog) -> int | None:
@@ -263,11 +293,16 @@ def explanation_document(explanation: LogExplanation) -> dict[str, Any]:
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """The --explain-log command: 0 explained (differences included), 1 bad input."""
     name = args.explain_log
-    model = next((t for t in args.vllm_tokens or [] if not t.startswith("-")), None)
+    tokens = [*(args.vllm_tokens or []), *(args.vllm_tail or [])]
+    model = tokens.pop(0) if tokens and not tokens[0].startswith("-") else None
     lines = read_log(name)
     source = "standard input" if name == "-" else Path(name).name
     explanation = explain(
-        lines, source=source, model=model, vllm_version=args.vllm_version, platform=None
+        lines,
+        source=source,
+        model=model,
+        vllm_version=args.vllm_version,
+        overrides=tokens,
     )
     if args.json:
         json.dump(explanation_document(explanation), out, indent=2, default=str)

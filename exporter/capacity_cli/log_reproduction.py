@@ -54,21 +54,46 @@ class EngineReproduction:
         return self.matching is not None and not self.differences
 
 
-def binding_worker(engine: EngineLines, workers: tuple[WorkerMemory, ...], engines: int) -> Binding:
-    """The worker with the least KV memory among this engine's: vLLM plans every worker of
-    an engine with the fewest blocks any of them holds (the minimum over workers)."""
-    own = [
+def own_workers(
+    engine: EngineLines, workers: tuple[WorkerMemory, ...], engines: int
+) -> tuple[WorkerMemory, ...]:
+    """The workers of this engine that logged their KV cache memory."""
+    return tuple(
         w
         for w in workers
         if w.available_kv_gib is not None and _engine_of(w, engines) in (engine.engine, None)
-    ]
+    )
+
+
+def binding_worker(
+    own: tuple[WorkerMemory, ...],
+    engines: int,
+    bytes_per_block_per_worker: tuple[int, ...],
+    tensor_parallel_size: int,
+) -> Binding:
+    """The worker that holds the fewest blocks: vLLM plans every worker of an engine with
+    that count (the minimum over workers); a worker's block is as large as its PP stage's."""
     if not own:
         return Binding(None, None, "no worker of this engine logged its KV cache memory")
-    worker = min(own, key=lambda w: w.available_kv_gib or 0.0)
+
+    def page(worker: WorkerMemory) -> int:
+        rank = worker_rank(worker.process, tensor_parallel_size)
+        if rank is not None and rank < len(bytes_per_block_per_worker):
+            return bytes_per_block_per_worker[rank]
+        return max(bytes_per_block_per_worker)
+
+    def blocks(worker: WorkerMemory) -> int:
+        return int((worker.available_kv_gib or 0.0) * GIB) // page(worker)
+
+    worker = min(own, key=blocks)
     if len(own) == 1:
         reason = "the only worker that logged its KV cache memory"
     else:
-        others = ", ".join(f"{w.process} {w.available_kv_gib} GiB" for w in own if w is not worker)
+        others = ", ".join(
+            f"{w.process or '(no prefix)'} {w.available_kv_gib} GiB ~{blocks(w):,} blocks"
+            for w in own
+            if w is not worker
+        )
         unranked = engines > 1 and all(_engine_of(w, engines) is None for w in own)
         scope = (
             f"of all {len(own)} workers (their names carry no DP rank, so any engine's)"
@@ -76,10 +101,21 @@ def binding_worker(engine: EngineLines, workers: tuple[WorkerMemory, ...], engin
             else f"of {len(own)} workers"
         )
         reason = (
-            f"the least KV cache memory {scope}; the others: {others}; vLLM gives every "
-            "worker of an engine the block count of the one that holds the fewest"
+            f"~{blocks(worker):,} blocks of {page(worker):,} bytes, the fewest {scope}; the "
+            f"others: {others}; vLLM gives every worker of an engine the fewest"
         )
     return Binding(worker.process or "(no process prefix)", worker.available_kv_gib, reason)
+
+
+def worker_rank(process: str, tensor_parallel_size: int) -> int | None:
+    """A worker's rank (stage-major) from "rank=3", "Worker_PP1_TP0", "VllmWorker TP1"."""
+    if match := re.search(r"\brank=(\d+)", process):
+        return int(match[1])
+    tp = re.search(r"TP(\d+)", process)
+    pp = re.search(r"PP(\d+)", process)
+    if tp is None and pp is None:
+        return None
+    return (int(pp[1]) if pp else 0) * tensor_parallel_size + (int(tp[1]) if tp else 0)
 
 
 def _engine_of(worker: WorkerMemory, engines: int) -> int | None:
@@ -94,14 +130,18 @@ def reproduce_engine(
     settings: EngineSettings,
     rules: RuleSet,
     engine: EngineLines,
-    binding: Binding,
+    workers: tuple[WorkerMemory, ...],
     *,
+    engines: int,
     kv_memory_bytes: int | None,
 ) -> EngineReproduction:
     """Find the block counts that print this engine's logged lines under `rules`."""
     if engine.max_model_len is not None and settings.max_model_len is None:
         settings = replace(settings, max_model_len=engine.max_model_len)
     override = engine.override[1] if engine.override else settings.num_gpu_blocks_override
+    own = own_workers(engine, workers, engines)
+    tp = settings.tensor_parallel_size
+    binding = binding_worker(own, engines, (1,), tp)
     memory = _memory_interval(binding, kv_memory_bytes)
     try:
         if override is not None:
@@ -123,17 +163,23 @@ def reproduce_engine(
             refusal=" ".join(str(refusal).split()),
             differences=(f"kvcap refuses to plan this engine, which vLLM started: {refusal}",),
         )
+    binding = binding_worker(own, engines, base.bytes_per_block_per_worker, tp)
+    memory = _memory_interval(binding, kv_memory_bytes)
     per_request = _per_request(base)
+    bound = [w for w in own if (w.process or "(no process prefix)") == binding.worker]
     bytes_per_block = max(base.bytes_per_block_per_worker)
+    if bound and (rank := worker_rank(bound[0].process, tp)) is not None:
+        bytes_per_block = base.bytes_per_block_per_worker[
+            rank % len(base.bytes_per_block_per_worker)
+        ]
     if override is not None:
         low = high = override
     elif memory is not None:
         low, high = memory[0] // bytes_per_block, memory[1] // bytes_per_block
     else:
         low, high = _concurrency_interval(engine, per_request)
-    found = _matching_blocks(
-        rules, base, engine, per_request, (low, high), dcp=settings.decode_context_parallel_size
-    )
+    dcp = settings.decode_context_parallel_size
+    found = _matching_blocks(rules, base, engine, per_request, (low, high), dcp=dcp)
     if found is None:
         return EngineReproduction(
             engine,
@@ -142,7 +188,19 @@ def reproduce_engine(
             (low, high),
             None,
             base.log_lines,
-            differences=_differences(engine, base),
+            differences=_differences(
+                engine,
+                base,
+                _matching_blocks(
+                    rules,
+                    base,
+                    engine,
+                    per_request,
+                    _concurrency_interval(engine, per_request),
+                    dcp=dcp,
+                ),
+                bytes_per_block,
+            ),
         )
     chosen = _closest(found, base.num_gpu_blocks)
     result = (
@@ -151,6 +209,11 @@ def reproduce_engine(
         else base
     )
     differences = _group_differences(engine, result)
+    if engine.num_blocks is not None and not found[0] <= engine.num_blocks <= found[1]:
+        differences += (
+            f"vLLM logged {engine.num_blocks:,} blocks; its capacity lines need "
+            f"{found[0]:,}..{found[1]:,} under kvcap's plan",
+        )
     return EngineReproduction(
         engine, binding, result, (low, high), found, result.log_lines, differences=differences
     )
@@ -244,8 +307,22 @@ def _closest(found: tuple[int, int], blocks: int) -> int:
     return min(max(blocks, found[0]), found[1])
 
 
-def _differences(engine: EngineLines, base: CapacityResult) -> tuple[str, ...]:
+def _differences(
+    engine: EngineLines,
+    base: CapacityResult,
+    by_concurrency: tuple[int, int] | None,
+    bytes_per_block: int,
+) -> tuple[str, ...]:
     logged = capacity_lines(engine)
+    if by_concurrency is not None:
+        low, high = by_concurrency
+        return (
+            f"the logged lines are printed by {low:,}..{high:,} blocks ("
+            f"{low * bytes_per_block / GIB:.3f}..{high * bytes_per_block / GIB:.3f} GiB at "
+            f"{bytes_per_block:,} bytes per block), not by the logged KV cache memory "
+            f"(kvcap plans {base.num_gpu_blocks:,} blocks: {' | '.join(base.log_lines)})",
+            *_group_differences(engine, base),
+        )
     lines = [
         f"vLLM logged: {' | '.join(logged) or '(no capacity line)'}",
         f"kvcap plans: {' | '.join(base.log_lines)}",

