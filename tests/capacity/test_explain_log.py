@@ -186,3 +186,51 @@ def test_a_published_pp_log_names_its_binding_worker_and_the_difference() -> Non
     assert "807,792 blocks" not in text
     assert "the logged lines are printed by 50,487..50,487 blocks" not in text
     assert any("807,792" in d for d in engine.differences)
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "flags", "refusal"),
+    [
+        # gpt-oss-120b on one H100 at the default 131,072 tokens: vLLM logged 1.71 GiB and
+        # stopped; the command of the comment gives the batch size.
+        (
+            "002-gpt-oss-120b-h100-095-refused.log",
+            "0.11.0",
+            ("--max-num-batched-tokens", "1024"),
+            "max seq len (131072), (4.54 GiB KV cache is needed",
+        ),
+        # ... on 0.10.1 at 0.9 utilization: -2.14 GiB left for the KV cache.
+        ("001-gpt-oss-120b-h100-refused-negative-kv.log", "0.10.1", (), "No available memory"),
+    ],
+    ids=["002", "001"],
+)
+def test_published_refusals_are_predicted(
+    name: str, version: str, flags: tuple[str, ...], refusal: str
+) -> None:
+    explanation = _published(name, "gpt-oss-120b", version, *flags)
+    assert explanation.engines == ()
+    assert explanation.refusal is not None
+    assert explanation.refusal.kvcap_refusal is not None
+    assert refusal in explanation.refusal.kvcap_refusal
+    assert "vLLM stopped (its refusal is not in the log)" in explanation_text(explanation)
+
+
+def test_a_refusal_in_the_log_is_compared_figure_by_figure(tmp_path: Path) -> None:
+    header = "(EngineCore_DP0 pid=1) ERROR 01-01 00:00:00 [core.py:1] "
+    lines = (LIVE / "0.32.0-llama-dp1.log").read_text(encoding="utf-8").splitlines()
+    cut = next(i for i, line in enumerate(lines) if "for KV cache" in line)
+    refusal = (
+        "ValueError: To serve at least one request with the model's max seq len (4096), "
+        "(0.02 GiB KV cache is needed, which is larger than the available KV cache memory "
+        "(0.01 GiB). Based on the available memory, the estimated maximum model length is 9."
+    )
+    small = lines[cut].replace("(1.0/", "(0.001/")  # 1 MiB: 15 blocks of 64 KiB, 32 needed
+    explanation = explain(
+        [*lines[:cut], small, header + refusal], source="t", model=str(LIVE / "configs" / "llama")
+    )
+    assert explanation.refusal is not None
+    assert explanation.refusal.kvcap_refusal is not None
+    # Named figure by figure where kvcap's plan differs from vLLM's message.
+    assert "max_model_len: vLLM 4096" not in " ".join(explanation.refusal.differences)
+    assert "estimated max_model_len: vLLM 9, kvcap 1920" in explanation.refusal.differences
+    assert "vLLM refused" in explanation_text(explanation)
