@@ -124,7 +124,14 @@ def test_what_the_explanation_says_cache_config_info_shows_is_what_vllm_served(l
 
 def test_the_live_captures_cover_both_releases_dp2_and_a_hybrid() -> None:
     names = {p.stem for p in LIVE_LOGS}
-    assert {"0.32.0-llama-dp1", "0.32.0-gemma3-dp2"} <= names
+    assert {
+        "0.32.0-llama-dp1",
+        "0.32.0-gemma3-dp2",
+        "0.32.0-granite_4_h-dp1",
+        "0.32.0-deepseek_mla-dp1",
+        "0.27.0-llama-dp1",
+        "0.27.0-gemma3-dp2",
+    } <= names
 
 
 def test_json_is_one_document_with_every_engine() -> None:
@@ -213,6 +220,9 @@ def test_published_refusals_are_predicted(
     assert explanation.refusal.kvcap_refusal is not None
     assert refusal in explanation.refusal.kvcap_refusal
     assert "vLLM stopped (its refusal is not in the log)" in explanation_text(explanation)
+    document = json.loads(json.dumps(explanation_document(explanation)))
+    assert refusal in document["refusal"]["kvcap_refusal"]
+    assert document["engines"] == []
 
 
 def test_a_refusal_in_the_log_is_compared_figure_by_figure(tmp_path: Path) -> None:
