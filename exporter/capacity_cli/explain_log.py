@@ -218,6 +218,9 @@ def _settings(
         source += (
             f"; max_num_batched_tokens {log.max_num_batched_tokens} as the scheduler logged it"
         )
+    if log.ssm_state_float32 and settings.mamba_ssm_cache_dtype == "auto":
+        settings = dataclasses.replace(settings, mamba_ssm_cache_dtype="float32")
+        source += "; the SSM state in float32, as the platform logged it"
     if overrides:
         given = parse_vllm_serve_args(["serve", "model", *overrides])
         changed = {
@@ -231,6 +234,8 @@ def _settings(
                 "tensor_parallel_size",
                 "pipeline_parallel_size",
                 "mamba_cache_mode",
+                "mamba_ssm_cache_dtype",
+                "mamba_cache_dtype",
                 "max_model_len",
             )
             if getattr(given, name) is not None

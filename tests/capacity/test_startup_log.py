@@ -99,3 +99,14 @@ def test_another_engines_log_is_named_not_read() -> None:
     assert log.other_engine == "SGLang"
     assert log.engines == ()
     assert log.vllm_lines == 0
+
+
+def test_the_platforms_ssm_dtype_reset_is_read() -> None:
+    line = (
+        "(APIServer pid=1) WARNING 12-02 03:38:07 [cpu.py:134] "
+        "Reset SSM cache type to float32 for AMX mamba attention."
+    )
+    assert parse_startup_log([line]).ssm_state_float32
+    assert not parse_startup_log(
+        ["(APIServer pid=1) INFO 01-01 00:00:00 [x.py:1] x"]
+    ).ssm_state_float32
