@@ -36,6 +36,8 @@ _STARTS = re.compile(
 )
 _NUMBER = r"[\d,]+"
 _ATTRS = ("rank", "pid")
+# Ray nests a worker's prefix in its engine core's: two deep; a third is read as text.
+MAX_PREFIXES = 2
 
 _VERSION = (
     re.compile(r"vLLM (?:API )?server version (?P<v>v?\d+\.\d+[\w.+-]*)"),
@@ -167,7 +169,9 @@ def split_line(raw: str) -> tuple[str, str, bool]:
     line = _ANSI.sub("", raw).rstrip("\r\n")
     line = _TIMESTAMP.sub("", line, count=1)
     process, known = "", False
-    while (prefix := _PREFIX.match(line)) is not None:
+    for _ in range(MAX_PREFIXES):
+        if (prefix := _PREFIX.match(line)) is None:
+            break
         process = prefix["name"] + "".join(
             f" {part}"
             for part in prefix["attrs"].replace(",", " ").split()

@@ -207,9 +207,11 @@ def test_hostile_lines_cost_bounded_work() -> None:
         f"INFO 01-01 00:00:00 [x.py:1] non-default args: {{'model': '{'x' * 70000}'}}",
         f"INFO 01-01 00:00:00 [x.py:1] {deep}",
         "(" * 10000,
+        "(a)" * 20000,
         "\x1b[" + "1;" * 5000 + "m",
     ]
     log = parse_startup_log(lines)
     assert log.non_default_args is None
     assert len(log.problems) == 2
     assert split_line("(" * 10000)[0] == ""
+    assert split_line("(a)" * 20000)[1].startswith("(a)" * 19998)  # two prefixes, then text
