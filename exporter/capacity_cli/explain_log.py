@@ -156,7 +156,8 @@ def _release(log: StartupLog, given: str | None, source: str) -> ReleaseRules:
 
 
 def _no_capacity(log: StartupLog, source: str, count: int) -> str:
-    cause = f"; its last error: {log.errors[-1]}" if log.errors else ""
+    # The first exception is the cause; what follows it wraps or repeats it.
+    cause = f"; its first error: {log.errors[0][:300]}" if log.errors else ""
     return (
         f"{source}: no KV cache capacity line ('KV cache size', 'Maximum concurrency') in its "
         f"{count} lines: the log is cut before the engine planned its KV cache, or the engine "
