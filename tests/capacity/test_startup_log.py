@@ -107,6 +107,11 @@ def test_the_platforms_ssm_dtype_reset_is_read() -> None:
         "Reset SSM cache type to float32 for AMX mamba attention."
     )
     assert parse_startup_log([line]).ssm_state_float32
+    aligned = (
+        "(Worker pid=1) INFO 12-02 03:39:39 [interface.py:911] Setting attention block size "
+        "to 640 tokens to ensure that attention page size is >= mamba page size."
+    )
+    assert parse_startup_log([aligned]).attention_block_size == 640
     assert not parse_startup_log(
         ["(APIServer pid=1) INFO 01-01 00:00:00 [x.py:1] x"]
     ).ssm_state_float32
