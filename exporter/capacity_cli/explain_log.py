@@ -25,12 +25,11 @@ from exporter.capacity_cli.log_explanation import (
     refusal_document,
     refusal_text,
 )
+from exporter.capacity_cli.log_refusal import RefusalReproduction, reproduce_refusal
 from exporter.capacity_cli.log_reproduction import (
     EngineReproduction,
-    RefusalReproduction,
     engines_of,
     reproduce_engine,
-    reproduce_refusal,
 )
 from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
 from exporter.collectors.parsing.vllm_args import config_tokens

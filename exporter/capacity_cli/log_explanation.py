@@ -8,9 +8,9 @@ from typing import Any
 
 from exporter.capacity import CapacityResult, GroupCapacity
 from exporter.capacity.releases import RuleSet
+from exporter.capacity_cli.log_refusal import RefusalReproduction
 from exporter.capacity_cli.log_reproduction import (
     EngineReproduction,
-    RefusalReproduction,
     capacity_lines,
 )
 
