@@ -102,12 +102,20 @@ def release_figure(rules: RuleSet, result: CapacityResult) -> str:
             f"  the release's figure: group-aware (vLLM {rules.name} logs int(max_concurrency x "
             "max_model_len), from 0.20.1 on): it is the capacity the cache admits"
         )
-    return (
-        f"  the release's figure: group-unaware (before 0.20.1 vLLM logs num_blocks // "
-        f"num_groups x the smallest block size = {result.num_gpu_blocks:,} // "
+    formula = (
+        f"num_blocks // num_groups x the smallest block size = {result.num_gpu_blocks:,} // "
         f"{len(result.groups)} x {min(g.block_size for g in result.groups)} = "
-        f"{result.logged_kv_cache_size_tokens:,}); the group-aware capacity is "
-        f"{result.kv_cache_size_tokens:,} tokens (kvcap_kv_cache_capacity_tokens)"
+        f"{result.logged_kv_cache_size_tokens:,}"
+    )
+    if result.logged_kv_cache_size_tokens == result.kv_cache_size_tokens:
+        return (
+            f"  the release's figure: before 0.20.1 vLLM logs {formula}, which ignores the "
+            "groups; here it equals the group-aware capacity (kvcap_kv_cache_capacity_tokens)"
+        )
+    return (
+        f"  the release's figure: group-unaware (before 0.20.1 vLLM logs {formula}); the "
+        f"group-aware capacity is {result.kv_cache_size_tokens:,} tokens "
+        "(kvcap_kv_cache_capacity_tokens)"
     )
 
 

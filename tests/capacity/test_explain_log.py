@@ -267,3 +267,15 @@ def test_what_kvcap_cannot_reproduce_is_printed_as_a_difference() -> None:
     document = explanation_document(explanation)
     assert document["reproduced"] is False
     assert document["differences"]
+
+
+def test_a_group_unaware_release_figure_is_told_apart_from_the_capacity() -> None:
+    # gpt-oss-120b on 0.10.1.1: vLLM logged 330,018 // 2 groups x 16 = 2,640,144 tokens; the
+    # cache admits 284.25 requests of 16,384 tokens = 4,657,204.
+    explanation = _published("021-gpt-oss-120b-4xa100-80gb-tp4-ray.log", "gpt-oss-120b", None)
+    text = explanation_text(explanation)
+    assert "group-unaware" in text
+    assert "330,018 // 2 x 16 = 2,640,144" in text
+    assert "the group-aware capacity is 4,657,204 tokens" in text
+    live = explanation_text(_live(LIVE / "0.32.0-gemma3-dp2.log"))
+    assert "group-aware (vLLM 0.32.0 logs int(max_concurrency x max_model_len)" in live
