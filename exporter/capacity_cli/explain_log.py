@@ -221,7 +221,7 @@ def _settings(
         )
     if log.ssm_state_float32 and settings.mamba_ssm_cache_dtype == "auto":
         settings = dataclasses.replace(settings, mamba_ssm_cache_dtype="float32")
-        source += "; the SSM state in float32, as the platform logged it"
+        source += "; the SSM state in float32, as the platform logged it (Mamba layers only)"
     if overrides:
         given = parse_vllm_serve_args(["serve", "model", *overrides])
         changed = {

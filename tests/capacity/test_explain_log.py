@@ -133,6 +133,8 @@ def test_the_live_captures_cover_both_releases_dp2_and_a_hybrid() -> None:
         "0.27.0-gemma3-dp2",
         "0.27.0-granite_4_h-dp1",
         "0.32.0-qwen3_next-dp1",
+        "0.32.0-gpt_oss-dp1",
+        "0.32.0-llama4-dp1",
     } <= names
 
 
