@@ -135,6 +135,8 @@ def test_the_live_captures_cover_both_releases_dp2_and_a_hybrid() -> None:
         "0.32.0-qwen3_next-dp1",
         "0.32.0-gpt_oss-dp1",
         "0.32.0-llama4-dp1",
+        "0.32.0-nemotron_h-dp1",
+        "0.27.0-gpt_oss-dp1",
     } <= names
 
 
