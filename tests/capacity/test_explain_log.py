@@ -137,6 +137,13 @@ def test_the_live_captures_cover_both_releases_dp2_and_a_hybrid() -> None:
         "0.32.0-llama4-dp1",
         "0.32.0-nemotron_h-dp1",
         "0.27.0-gpt_oss-dp1",
+        "0.27.0-llama4-dp1",
+        "0.27.0-qwen3_next-dp1",
+        "0.32.0-falcon_h1-dp1",
+        "0.32.0-phi3-dp1",
+        "0.32.0-cohere2-dp1",
+        "0.32.0-jamba-dp1",
+        "0.32.0-qwen3_moe-dp1",
     } <= names
 
 
