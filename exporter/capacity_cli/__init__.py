@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from exporter.capacity import CUDA, PLATFORMS, derive_capacity, run_case
 from exporter.capacity.serve_flags import accepted_flags
+from exporter.capacity_cli import explain_log
 from exporter.capacity_cli.inputs import CapacityInputs, build_inputs, inputs_for, vllm_command
 from exporter.capacity_cli.memory import GPU_MEMORY_MIB
 from exporter.capacity_cli.report import (
@@ -146,6 +147,12 @@ def _add_output_flags(flags: Flags) -> None:
         " gpu-memory-utilization, block-size, max-num-batched-tokens (repeatable)",
     )
     output.add(
+        "--explain-log",
+        metavar="FILE|-",
+        help="explain every capacity figure of a vLLM start-up log (FILE, or - for stdin);"
+        " the model is the one the log names, or MODEL given after it",
+    )
+    output.add(
         "--cases",
         metavar="FILE",
         help="batch mode: a JSONL file of golden-style case records, one JSON line out each",
@@ -163,6 +170,7 @@ OWN_FLAGS = {
     "--num-gpu-blocks": 1,
     "--platform": 1,
     "--vllm-version": 1,
+    "--explain-log": 1,
 }
 
 
@@ -229,6 +237,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout  # looked up now: a test may have replaced it
     if args.cases:
         return _run_batch(Path(args.cases), out)
+    if args.explain_log:
+        return explain_log.run(args, out)
     accepted = accepted_flags(args.vllm_version, own=_own_flags(args.flags))
     base = build_inputs(args, vllm_command(args, accepted))
     if args.sweep:
