@@ -372,14 +372,20 @@ def test_sweep_prints_one_row_per_combination() -> None:
     assert rows[0][:3] == ["8,000", "1", "auto"]
     assert rows[-1][:3] == ["128,000", "2", "fp8"]
     assert all(row[-1] == "fits" for row in rows)
-    document = capacity_json(
-        GEMMA, "--kv-cache-memory-bytes", "30GiB", "--sweep", "max-model-len=8k,32k,128k",
-        "--sweep", "gpu-memory-utilization=0.8,0.9",
+    swept = kvcap(
+        "capacity", "--json", GEMMA, "--kv-cache-memory-bytes", "30GiB",
+        "--sweep", "max-model-len=8k,32k,128k", "--sweep", "gpu-memory-utilization=0.8,0.9",
     )  # fmt: skip
-    assert len(document["rows"]) == 6
-    assert [row["result"]["max_model_len"] for row in document["rows"][::2]] == [
+    assert swept.returncode == 0, swept.stderr
+    document: list[dict[str, Any]] = json.loads(swept.stdout)
+    assert len(document) == 6
+    assert [row["result"]["max_model_len"] for row in document[::2]] == [
         8000, 32000, 128000,
     ]  # fmt: skip
+    # Each row is shaped as one run's document, its settings the row's combination.
+    single = capacity_json(GEMMA, "--kv-cache-memory-bytes", "30GiB", "--max-model-len", "8k")
+    assert [list(row) for row in document] == [list(single)] * 6
+    assert document[0]["used"]["settings"]["--gpu-memory-utilization"]["value"] == 0.8
 
 
 def test_sweep_marks_what_does_not_fit() -> None:
@@ -432,9 +438,9 @@ def test_kvcaps_own_flags_may_follow_the_vllm_command() -> None:
     run = kvcap("capacity", "--", "vllm", "serve", LLAMA, "-tp", "2", "--kv-cache-memory-bytes",
                 "10GiB", "--json", "--sweep", "max-model-len=8k,16k")  # fmt: skip
     assert run.returncode == 0, run.stderr
-    document = json.loads(run.stdout)
-    assert [row["result"]["max_model_len"] for row in document["rows"]] == [8000, 16000]
-    assert document["used"]["ignored_flags"] == []
+    documents = json.loads(run.stdout)
+    assert [row["result"]["max_model_len"] for row in documents] == [8000, 16000]
+    assert all(row["used"]["ignored_flags"] == [] for row in documents)
 
 
 def test_capacity_plans_for_the_cpu_platform_when_asked() -> None:

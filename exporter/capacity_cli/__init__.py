@@ -262,15 +262,13 @@ def _run_sweep(
         except KvcapError as error:  # one bad combination is one row, not a failed sweep
             outcomes.append(error)
     if args.json:
-        document = {
-            "used": used_document(base),
-            "sweep": [axis.flag for axis in axes],
-            "rows": [
-                error_document(o) if isinstance(o, Exception) else outcome_document(o)
-                for o in outcomes
-            ],
-        }
-        json.dump(document, out, indent=2)
+        # One single run's document per combination, so a consumer reads a sweep row as
+        # it reads one `capacity --json`; each row's `used.settings` names its values.
+        documents = [
+            error_document(o) if isinstance(o, Exception) else outcome_document(o)
+            for o in outcomes
+        ]
+        json.dump(documents, out, indent=2)
         out.write("\n")
     else:
         out.write(sweep_text(axes, outcomes, lambda: used_text(base)))

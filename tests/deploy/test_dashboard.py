@@ -437,8 +437,9 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoPrometh
                 ("kvcap_kv_cache_headroom_tokens", 2),
                 ("vllm:kv_cache_usage_perc", 2),
                 ("vllm:num_preemptions_total", 2),
-                # Both engines' KV cache groups (full attention, sliding window).
-                ("kvcap_prefix_cache_resident_blocks", 4),
+                # Every KV cache group of both engines (Gemma 3 27B: six sliding-window
+                # groups and one full-attention group each), as the demo's plan has them.
+                ("kvcap_prefix_cache_resident_blocks", 2 * len(simulation.plan.capacity.groups)),
             ]:
                 server.wait_until(
                     lambda q=promql, n=count: len(server.query(q)) == n, f"{promql} x {count}"
