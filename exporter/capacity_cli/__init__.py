@@ -25,7 +25,6 @@ from exporter.capacity_cli.report import (
     error_document,
     outcome_document,
     outcome_text,
-    used_document,
     used_text,
 )
 from exporter.capacity_cli.sweep import Axis, combinations, parse_axis, sweep_text
