@@ -26,6 +26,7 @@ NAME = "kv_events"
 # own high-water mark then drops, and the gap is replayed. The poll loop reads every
 # stream as it comes (a replay never blocks it), so this only bounds a stalled daemon.
 SUBSCRIPTION_RCVHWM = 1_000
+_READ_PER_TURN = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +106,15 @@ class Subscription:
             sink.fail(NAME, self.endpoint.endpoint, "disconnected", "the publisher went away")
 
     def on_message(self, sink: StateSink) -> None:
-        frames = self.socket.recv_multipart()
+        """Take every batch that has arrived (up to a bound, so streams take turns)."""
+        for _ in range(_READ_PER_TURN):
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._receive(sink, frames)
+
+    def _receive(self, sink: StateSink, frames: list[bytes]) -> None:
         if len(frames) != 3:
             self._malformed(sink, f"a message has 3 frames, got {len(frames)}")
             return
