@@ -85,11 +85,21 @@ def test_a_replay_that_never_answers_stalls_only_its_own_engine(
         honest.close()
 
 
-def test_a_replay_past_its_deadline_counts_what_it_missed_then_applies_the_held_batches(
-    stuck: StandInPublisher,
+@pytest.mark.parametrize(
+    ("timeout_s", "max_held"),
+    [
+        pytest.param(0.5, 10_000, id="deadline"),
+        # 30 live batches against a bound of 5: the replay ends long before its deadline.
+        pytest.param(120.0, 5, id="held-batches"),
+    ],
+)
+def test_a_replay_ended_by_its_deadline_or_its_held_batches_counts_what_it_missed(
+    stuck: StandInPublisher, timeout_s: float, max_held: int
 ) -> None:
     collector, store = collecting(
-        KvEventsEndpoint(stuck.endpoint, stuck.replay_endpoint, "0"), replay_timeout_s=0.5
+        KvEventsEndpoint(stuck.endpoint, stuck.replay_endpoint, "0"),
+        replay_timeout_s=timeout_s,
+        max_held_batches=max_held,
     )
     try:
         stuck.wait_for_subscriber()
@@ -99,30 +109,10 @@ def test_a_replay_past_its_deadline_counts_what_it_missed_then_applies_the_held_
         found = view(store, "0")
         assert found is not None
         assert stuck.replays == [0]
+        # The held batches are applied in order once the replay ends.
         assert totals(found) == reference(live)
         assert found.dropped_total["missed"] == JOINED_AT
         assert found.approximate_reason == "joined the stream after its start"
-    finally:
-        collector.stop(2)
-
-
-def test_held_batches_past_their_bound_cut_the_replay_short(stuck: StandInPublisher) -> None:
-    collector, store = collecting(
-        KvEventsEndpoint(stuck.endpoint, stuck.replay_endpoint, "0"),
-        replay_timeout_s=120.0,
-        max_held_batches=5,
-    )
-    try:
-        stuck.wait_for_subscriber()
-        join_mid_stream(stuck)
-        live = STREAM[JOINED_AT:]
-        # 30 live batches against a bound of 5: the replay ends long before its deadline.
-        wait_for(lambda: events_of(store, "0") >= events_in(live), "the held batches")
-        found = view(store, "0")
-        assert found is not None
-        assert totals(found) == reference(live)
-        assert found.dropped_total["missed"] == JOINED_AT
-        assert found.approximate
     finally:
         collector.stop(2)
 
