@@ -17,7 +17,7 @@ from exporter.kv_events_wire import parse_sequence, sequence_frame
 
 
 class StandInPublisher:
-    def __init__(self, *, replay: bool = True) -> None:
+    def __init__(self, *, replay: bool = True, answer_replays: bool = True) -> None:
         self.context = zmq.Context()
         self.pub = self.context.socket(zmq.XPUB)
         self.pub.bind("tcp://127.0.0.1:0")
@@ -25,6 +25,8 @@ class StandInPublisher:
         self.buffer: list[tuple[int, bytes]] = []
         self.replay_endpoint: str | None = None
         self.replays: list[int] = []
+        # False: the replay endpoint takes requests and never answers (a stuck engine).
+        self.answer_replays = answer_replays
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if replay:
@@ -52,6 +54,8 @@ class StandInPublisher:
             client, _, start_frame = self.router.recv_multipart()
             start = parse_sequence(start_frame)
             self.replays.append(start)
+            if not self.answer_replays:
+                continue
             for sequence, payload in list(self.buffer):
                 if sequence >= start:
                     self.router.send_multipart(

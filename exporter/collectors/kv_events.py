@@ -31,6 +31,7 @@ from exporter.state import KvEventsEndpoint, ResidencyView, Snapshot, StateSink
 log = structlog.get_logger("kvcap.kv_events")
 
 _POLL_MS = 200
+_Handlers = dict[Any, Callable[[StateSink], None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,9 @@ class KvEventsCollector:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._subscriptions: dict[str, Subscription] = {}
+        # The poller of the sockets polled last, by their ids (the poller holds the sockets,
+        # so no id is reused while it is kept).
+        self._polled: tuple[tuple[tuple[int, int], ...], zmq.Poller, _Handlers] | None = None
         # The engines of the latest snapshot, handed over by the daemon on any thread and
         # read on the collector's tick (one reference swap: no lock).
         self._engines: Snapshot | None = None
@@ -137,19 +141,40 @@ class KvEventsCollector:
         if not self._subscriptions:
             self._stop.wait(_POLL_MS / 1000)
             return
-        poller = zmq.Poller()
-        handlers: dict[Any, Callable[[StateSink], None]] = {}
-        for subscription in self._subscriptions.values():
-            poller.register(subscription.socket, zmq.POLLIN)
-            poller.register(subscription.monitor, zmq.POLLIN)
-            handlers[subscription.socket] = subscription.on_message
-            handlers[subscription.monitor] = subscription.on_monitor
+        poller, handlers = self._poller()
         for socket, _ in poller.poll(_POLL_MS):
             try:
                 handlers[socket](sink)
             except Exception as error:  # never let one bad message end the collector
                 log.exception("kv_events_handling_failed", error=str(error))
                 sink.reject(NAME, "kv_events", "internal_error", str(error))
+        now = time.monotonic()
+        for subscription in list(self._subscriptions.values()):
+            subscription.expire(sink, now)
+
+    def _poller(self) -> tuple[zmq.Poller, _Handlers]:
+        """One poller over every SUB, monitor and outstanding replay socket, rebuilt only
+        when that set changed (a poll per batch must not re-register 130 sockets)."""
+        key = tuple(
+            (id(s.socket), id(s.replay.socket) if s.replay is not None else 0)
+            for s in self._subscriptions.values()
+        )
+        if self._polled is not None and self._polled[0] == key:
+            return self._polled[1], self._polled[2]
+        poller = zmq.Poller()
+        handlers: _Handlers = {}
+        for subscription in self._subscriptions.values():
+            sockets: list[tuple[Any, Callable[[StateSink], None]]] = [
+                (subscription.socket, subscription.on_message),
+                (subscription.monitor, subscription.on_monitor),
+            ]
+            if subscription.replay is not None:
+                sockets.append((subscription.replay.socket, subscription.on_replay))
+            for socket, handler in sockets:
+                poller.register(socket, zmq.POLLIN)
+                handlers[socket] = handler
+        self._polled = (key, poller, handlers)
+        return poller, handlers
 
     def _tick(self, sink: StateSink) -> None:
         engines = self._engines

@@ -278,3 +278,25 @@ def test_an_engine_publishing_on_a_new_endpoint_starts_from_zero(
     finally:
         collector.stop(2)
         moved.close()
+
+
+def test_a_batch_past_the_message_size_is_refused_and_the_publisher_reported_down(
+    publisher: StandInPublisher,
+) -> None:
+    collector, store = running(
+        KvEventsEndpoint(publisher.endpoint, None, "0"), max_message_bytes=64 * 1024
+    )
+    try:
+        publisher.wait_for_subscriber()
+        publisher.publish(0, STREAM[0])
+        wait_for(received(store, events_in(STREAM[:1])), "the first batch")
+        # 1 MiB against 64 KiB: libzmq drops the connection at its header (for good: a
+        # protocol error is not reconnected), so none of it is read.
+        publisher.publish(1, b"\x00" * 2**20)
+        wait_for(lambda: not view(store).up, "the publisher reported down")  # type: ignore[union-attr]
+        assert store.snapshot().errors[("kv_events", "disconnected")] == 1
+        found = view(store)
+        assert found is not None
+        assert totals(found) == reference(STREAM[:1])
+    finally:
+        collector.stop(2)
