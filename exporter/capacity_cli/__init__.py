@@ -264,8 +264,7 @@ def _run_sweep(
         # One single run's document per combination, so a consumer reads a sweep row as
         # it reads one `capacity --json`; each row's `used.settings` names its values.
         documents = [
-            error_document(o) if isinstance(o, Exception) else outcome_document(o)
-            for o in outcomes
+            error_document(o) if isinstance(o, Exception) else outcome_document(o) for o in outcomes
         ]
         json.dump(documents, out, indent=2)
         out.write("\n")
