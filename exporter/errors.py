@@ -87,12 +87,15 @@ class DoesNotFit(CapacityError):
 
     @property
     def summary(self) -> str:
+        """`available_bytes` is what vLLM's check compares: the KV cache less its null block,
+        named so, since printed beside the KV cache it can differ in the last digit."""
         if self.needed_bytes is None or self.available_bytes is None:
             return "vLLM would refuse to start: the KV cache cannot hold one request"
         text = (
             f"vLLM would refuse to start: one request of {self.max_model_len} tokens needs "
             f"{self.needed_bytes / 2**30:.2f} GiB of KV cache per worker, but only "
-            f"{max(self.available_bytes, 0) / 2**30:.2f} GiB is available"
+            f"{max(self.available_bytes, 0) / 2**30:.2f} GiB is usable (the KV cache less the "
+            "block vLLM holds back)"
         )
         if self.estimated_max_model_len:
             text += f"; the longest max_model_len that fits is {self.estimated_max_model_len}"

@@ -513,3 +513,16 @@ def test_a_bad_value_in_a_yaml_config_names_the_file(tmp_path: Path) -> None:
                 "--kv-cache-memory-bytes", "1G")  # fmt: skip
     assert run.returncode == 2, run.stderr
     assert f"--config {config}: --max-model-len: not a count: '12q'" in run.stderr
+
+
+def test_the_kv_cache_and_what_vllm_can_use_of_it_are_told_apart() -> None:
+    """3,731,384,565 bytes print as 3.48 GiB; less the null block vLLM holds back, 3.47 GiB
+    are usable: the summary names the second figure so, not as the KV cache again."""
+    run = kvcap(
+        "capacity", LLAMA, "--kv-cache-memory-bytes", "3731384565", "--max-model-len", "128k"
+    )
+    assert run.returncode == 1, run.stderr
+    assert "KV cache:       3.48 GiB per worker (3,731,384,565 bytes)" in run.stdout
+    result = next(line for line in run.stdout.splitlines() if line.startswith("result:"))
+    assert "but only 3.47 GiB is usable (the KV cache less the block vLLM holds back)" in result
+    assert "3.48" not in result
