@@ -40,6 +40,7 @@ LANES = {
     "live": "live",
     "bench": "process",
     "capacity/test_command_imports.py": "process",
+    "capacity/test_explain_log_bad_input.py": "process",
     "test_cli.py": "process",
     "test_serve.py": "process",
     "faults/test_engine_killed.py": "process",

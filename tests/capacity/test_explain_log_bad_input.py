@@ -6,9 +6,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
 import subprocess
 import sys
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -25,9 +26,37 @@ LLAMA_CONFIG = FIXTURES / "live" / "configs" / "llama"
 MAX_RSS_MIB = 128
 
 
-def _run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+# Runs the command as its only child and writes that child's peak RSS (KiB) to argv[1]:
+# the test process's own RUSAGE_CHILDREN would mix in every process the suite started.
+_PEAK_OF_ONE_CHILD = (
+    "import resource, subprocess, sys; code = subprocess.call(sys.argv[2:]); "
+    "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)); "
+    "sys.exit(code)"
+)
+
+
+class Measured(subprocess.CompletedProcess[str]):
+    peak_rss_mib: float = 0.0
+
+
+def _measured(args: Sequence[str]) -> tuple[list[str], Path]:
+    """The command line that runs `kvcap-exporter capacity ARGS` and where its peak lands."""
+    handle, name = tempfile.mkstemp(prefix="kvcap-peak-")
+    os.close(handle)
     command = [sys.executable, "-m", "exporter.cli", "capacity", *args]
-    return subprocess.run(
+    return [sys.executable, "-c", _PEAK_OF_ONE_CHILD, name, *command], Path(name)
+
+
+def _peak_mib(where: Path) -> float:
+    try:
+        return int(where.read_text(encoding="utf-8")) / 1024
+    finally:
+        where.unlink()
+
+
+def _run(*args: str, stdin: bytes | None = None) -> Measured:
+    command, where = _measured(args)
+    done = subprocess.run(
         command,
         input=None if stdin is None else stdin.decode("latin-1"),
         capture_output=True,
@@ -36,6 +65,9 @@ def _run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[
         env={**os.environ, "KVCAP_LOG_LEVEL": "info"},
         check=False,
     )
+    result = Measured(done.args, done.returncode, done.stdout, done.stderr)
+    result.peak_rss_mib = _peak_mib(where)
+    return result
 
 
 def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -45,9 +77,8 @@ def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def _peak_rss_mib_of(run: subprocess.CompletedProcess[str]) -> float:
-    del run  # the children's peak is read after they exited
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+def _peak_rss_mib_of(run: Measured) -> float:
+    return run.peak_rss_mib
 
 
 @pytest.fixture
@@ -141,7 +172,7 @@ def test_a_log_just_under_the_cap_is_read_in_bounded_memory(tmp_path: Path) -> N
 
 
 def test_a_1_gb_stream_on_stdin_is_refused_in_bounded_memory() -> None:
-    command = [sys.executable, "-m", "exporter.cli", "capacity", "--explain-log", "-"]
+    command, where = _measured(["--explain-log", "-"])
     process = subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -157,7 +188,7 @@ def test_a_1_gb_stream_on_stdin_is_refused_in_bounded_memory() -> None:
     process.stderr.close()
     assert process.wait(timeout=120) == 1
     assert "longer than 16 MiB" in stderr
-    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024 < MAX_RSS_MIB
+    assert _peak_mib(where) < MAX_RSS_MIB
 
 
 def test_a_sglang_log_is_named(tmp_path: Path) -> None:
