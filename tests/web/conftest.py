@@ -11,9 +11,21 @@ from urllib.parse import urlsplit
 
 import bcrypt
 import pytest
+import structlog
 
 from exporter.web import Handler, Request, Response, WebConfig, WebConfigWatcher, WebServer
 from tests.support.certificates import certificate, new_key, write_certificate, write_key
+
+
+@pytest.fixture(autouse=True)
+def _server_logs_kept_with_the_test() -> Iterator[None]:
+    """The in-process servers' threads log (a refused TLS handshake, say) while pytest
+    prints its dots: keep those events with the test, as capture_logs does, instead of
+    structlog's default printer writing them between the dots. A test's own capture_logs
+    nests inside this one."""
+    with structlog.testing.capture_logs():
+        yield
+
 
 # Cost 4, bcrypt's lowest: each check takes about a millisecond. A fixed salt keeps the test
 # ids that show the hash the same in every process (pytest-xdist compares them).
