@@ -31,6 +31,10 @@ system-deps:
 		echo "installing Debian package: prometheus"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	fi
+	@if ! command -v ip >/dev/null 2>&1 && [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Debian package: iproute2 (the pod test's network namespace)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2 >/dev/null; \
+	fi
 
 tools: $(TOOLS)/.installed $(TOOLS)/bin/.unpacked
 

@@ -3,7 +3,7 @@ and (where the pod shares it) one PID namespace, each container in a mount names
 own (tests/live/pod_container.py), the init containers in order (a native sidecar once its
 startup probe passes), then the containers; probes executed from their rendered specs.
 
-Needs root (namespaces, bind mounts, another user): `Pod.supported()` says whether it can run.
+Needs root (namespaces, bind mounts, another user) and POD_TOOLS; the test fails without them.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tools.live.process import LoggedProcess
+
+# What running a pod takes besides root (util-linux, iproute2).
+POD_TOOLS = ("unshare", "nsenter", "setpriv", "mount", "ip")
 
 T = TypeVar("T")
 CONTAINER_SETUP = Path(__file__).with_name("pod_container.py")
@@ -135,11 +138,6 @@ class Pod:
         self._holder: subprocess.Popen[bytes] | None = None
         self.holder_pid = 0
         self.net: PodNetwork | None = None
-
-    @staticmethod
-    def supported() -> bool:
-        tools = all(shutil.which(t) for t in ("unshare", "nsenter", "setpriv", "mount", "ip"))
-        return os.geteuid() == 0 and tools
 
     # --- the pod's namespaces and volumes ---------------------------------------------------
 

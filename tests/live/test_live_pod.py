@@ -11,6 +11,7 @@ the config vLLM reads derives no capacity, which fails here."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -30,10 +31,10 @@ from tests.deploy.test_container import DOCKERFILE, Image, build_env, parse_dock
 from tests.deploy.test_container import key_values as docker_key_values
 from tests.deploy.test_dashboard import grafana_regex_escape, substitute
 from tests.integration.prometheus import Prometheus
-from tests.live.pod import ContainerImage, Pod
+from tests.live.pod import POD_TOOLS, ContainerImage, Pod
 from tests.live.test_live_dashboard import KV_EVENTS_SERIES, NO_CPU_SERIES
 from tests.support import Scrape, parse
-from tests.tools import require_file
+from tests.tools import missing, require_file, require_tool
 from tools.live.models import _ATTENTION, _COMMON, VOCAB_SIZE
 from tools.live.server import KV_CACHE_GIB, parse_capacity_log
 from tools.live.sidecar import wait_for
@@ -59,7 +60,15 @@ TINY_QWEN3 = {
     "max_position_embeddings": 40960,
 }
 
-pytestmark = pytest.mark.skipif(not Pod.supported(), reason="needs root and util-linux")
+
+@pytest.fixture(autouse=True)
+def pod_tools() -> None:
+    """A pod is run with namespaces: root and util-linux's and iproute2's tools (make test
+    installs them); without them the test fails naming what is missing, never skips."""
+    for tool in POD_TOOLS:
+        require_tool(tool)
+    if os.geteuid() != 0:
+        missing("the pod test runs its containers in namespaces and needs root")
 
 
 @dataclass(frozen=True)
