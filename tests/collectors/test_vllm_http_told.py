@@ -21,9 +21,10 @@ from exporter.collectors import (
 )
 from exporter.collectors.parsing import parse_vllm_serve_args
 from exporter.demo import simulated_deployment
+from exporter.demo.simulated_vllm import SimulatedVllm
 from exporter.errors import ConfigError
 from exporter.flags import Flags
-from exporter.state import StateStore
+from exporter.state import EngineView, StateStore
 from tests.test_hf_cache import add_snapshot, set_ref
 
 COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
@@ -72,20 +73,11 @@ def test_a_hugging_face_id_is_derived_from_the_hf_cache(
     sidecar's HF cache holds the model's config.json."""
     local = simulated_deployment(tmp_path / "local")
     cache = tmp_path / "hub"
-    config = json.dumps(dict(local.config)).encode()
-    add_snapshot(cache, "google/gemma-3-27b-it", COMMIT, {"config.json": config})
-    set_ref(cache, "google/gemma-3-27b-it", "main", COMMIT)
+    _cache_gemma(cache, local)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     simulation = dataclasses.replace(local, model_path="google/gemma-3-27b-it", engines={})
     url = simulation.start()
-    try:
-        store = StateStore()
-        told = parse_vllm_serve_args(simulation.vllm_args)
-        settings = VllmHttpSettings(urls=(url,), serve_args=told)
-        ServerPoller(url, settings, fetch, store, threading.Event()).poll_once()
-    finally:
-        simulation.stop()
-    views = store.snapshot().engines
+    views = _polled_once(simulation, url)
     assert [v.derivation_error for v in views] == [None, None]
     assert {v.derived_kv_cache_size_tokens for v in views} == {
         local.plan.capacity.kv_cache_size_tokens
@@ -122,9 +114,7 @@ def test_a_hugging_face_id_found_through_the_vllm_process_environment(
     """The sidecar's own HF_HOME points elsewhere; vLLM's (read from /proc) has the model."""
     local = simulated_deployment(tmp_path / "local")
     home = tmp_path / "models" / "huggingface"
-    config = json.dumps(dict(local.config)).encode()
-    add_snapshot(home / "hub", "google/gemma-3-27b-it", COMMIT, {"config.json": config})
-    set_ref(home / "hub", "google/gemma-3-27b-it", "main", COMMIT)
+    _cache_gemma(home / "hub", local)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "elsewhere"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     simulation = dataclasses.replace(local, model_path="google/gemma-3-27b-it", engines={})
@@ -135,14 +125,7 @@ def test_a_hugging_face_id_found_through_the_vllm_process_environment(
     _fake_vllm_process(proc, 17, argv, {"HF_HOME": str(home)})
     real = vllm_http.discover_hf_environ
     monkeypatch.setattr(vllm_http, "discover_hf_environ", lambda port: real(proc, port))
-    try:
-        store = StateStore()
-        told = parse_vllm_serve_args(simulation.vllm_args)
-        settings = VllmHttpSettings(urls=(url,), serve_args=told)
-        ServerPoller(url, settings, fetch, store, threading.Event()).poll_once()
-    finally:
-        simulation.stop()
-    views = store.snapshot().engines
+    views = _polled_once(simulation, url)
     assert [v.derivation_error for v in views] == [None, None]
     assert {v.derived_kv_cache_size_tokens for v in views} == {
         local.plan.capacity.kv_cache_size_tokens
@@ -190,3 +173,22 @@ def test_a_hostile_proc_environ_is_read_within_its_bound(tmp_path: Path) -> None
     assert vllm_http.discover_hf_environ(proc, 8000) == {}
     (entry / "environ").write_bytes(b"\xff\xfe=\x00HF_HOME=/m\xffodels\0HF_HUB_CACHE=\0")
     assert vllm_http.discover_hf_environ(proc, 8000) == {"HF_HOME": "/m\ufffdodels"}
+
+
+def _cache_gemma(hub: Path, local: SimulatedVllm) -> None:
+    """The simulated deployment's config.json in a Hugging Face cache, under Gemma 3's id."""
+    config = json.dumps(dict(local.config)).encode()
+    add_snapshot(hub, "google/gemma-3-27b-it", COMMIT, {"config.json": config})
+    set_ref(hub, "google/gemma-3-27b-it", "main", COMMIT)
+
+
+def _polled_once(simulation: SimulatedVllm, url: str) -> tuple[EngineView, ...]:
+    """One poll of the simulated server as `--vllm.args` names it; the engine views."""
+    try:
+        store = StateStore()
+        told = parse_vllm_serve_args(simulation.vllm_args)
+        settings = VllmHttpSettings(urls=(url,), serve_args=told)
+        ServerPoller(url, settings, fetch, store, threading.Event()).poll_once()
+    finally:
+        simulation.stop()
+    return store.snapshot().engines
