@@ -127,3 +127,20 @@ def test_the_ssm_state_dtype_the_engine_reports_wins() -> None:
     assert report.derived is not None, reading.warnings
     assert report.derived.block_size == 384
     assert report.derived.kv_cache_size_tokens == 1_597_732
+
+
+def test_a_hostile_ssm_dtype_label_is_a_derivation_error_not_a_crash() -> None:
+    """The label becomes a setting only as text the capacity model checks: an unknown dtype
+    leaves the engine reported, with its derivation error, and no derived figures."""
+    live = FIXTURES / "explain-log" / "live"
+    metrics = (live / "0.27.0-qwen3_next-dp1.info.txt").read_text(encoding="utf-8")
+    hostile = metrics.replace(
+        'mamba_ssm_cache_dtype="float32"', 'mamba_ssm_cache_dtype="' + "x" * 200 + '"'
+    )
+    config = json.loads((live / "configs" / "qwen3_next" / "config.json").read_text())
+    args = parse_vllm_serve_args(["--max-model-len", "4096"])
+    documents = ServerDocuments(metrics=hostile + "\n", version={"version": "0.27.0"})
+    reading = read_server(documents, args, cached_deriver(config))
+    (report,) = reading.reports
+    assert report.derived is None
+    assert report.derivation_error
