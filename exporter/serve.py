@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -20,7 +21,7 @@ from exporter.exposition import build_exposition, build_routes
 from exporter.flags import Flags, log_level
 from exporter.logs import LEVELS, configure_logging
 from exporter.state import StateStore
-from exporter.web import DEFAULT_MAX_CONNECTIONS, WebCounters, WebServer
+from exporter.web import CHECK_INTERVAL_S, DEFAULT_MAX_CONNECTIONS, WebCounters, WebServer
 
 log = structlog.get_logger("kvcap.serve")
 
@@ -33,6 +34,8 @@ STOP_TIMEOUT_S = 2.0
 # a poll holds the lock longer than ~0.2 ms (decoding or joining the 2.4 MiB body), so this
 # bounds each wait. Threads that do not contend for the lock are not switched more often.
 SWITCH_INTERVAL_S = 0.00025
+# SIGHUP reloads run at most this often (the web config's own look at its files, too).
+RELOAD_INTERVAL_S = CHECK_INTERVAL_S
 
 
 def add_common_arguments(flags: Flags, listen_address: str = DEFAULT_LISTEN_ADDRESS) -> None:
@@ -219,18 +222,31 @@ class StopSignals:
         self._reloads_asked += 1
         self.event.set()
 
-    def wait(self, on_reload: Callable[[], None] = lambda: None) -> None:
-        """Until SIGTERM or SIGINT; each SIGHUP meanwhile calls `on_reload` (main thread)."""
+    def wait(
+        self,
+        on_reload: Callable[[], None] = lambda: None,
+        *,
+        reload_interval_s: float = RELOAD_INTERVAL_S,
+    ) -> None:
+        """Until SIGTERM or SIGINT; SIGHUPs meanwhile call `on_reload` (main thread).
+
+        Reloads are coalesced: one runs at a time, and the SIGHUPs that arrive during it
+        or within `reload_interval_s` after it start one more reload, no more, when that
+        interval ends (a storm of 1,000 signals costs a reload a second and two log lines
+        each). SIGTERM is still seen at once while a reload waits."""
         handled = 0
+        next_reload_at = 0.0
         while True:
-            self.event.wait()
+            pending = handled < self._reloads_asked
+            self.event.wait(max(0.0, next_reload_at - time.monotonic()) if pending else None)
             self.event.clear()
             if self.received:
                 break
-            while handled < self._reloads_asked:
-                handled = self._reloads_asked
-                log.info("exporter_reloading", signal="SIGHUP")
+            if handled < self._reloads_asked and time.monotonic() >= next_reload_at:
+                signals, handled = self._reloads_asked - handled, self._reloads_asked
+                log.info("exporter_reloading", signal="SIGHUP", signals=signals)
                 on_reload()
+                next_reload_at = time.monotonic() + reload_interval_s
         log.info("exporter_stopping", signal=self.received[0])
 
 

@@ -44,7 +44,7 @@ class BasicAuth:
     check that finds its address's queue full, or waits past its bound, fails at once.
     """
 
-    __slots__ = ("_dummy_hash", "_slots", "_users", "_verified")
+    __slots__ = ("_checks", "_checks_lock", "_dummy_hash", "_slots", "_users", "_verified")
 
     def __init__(self, users: Mapping[str, bytes | str]) -> None:
         self._users = tuple(
@@ -56,6 +56,13 @@ class BasicAuth:
         self._dummy_hash = bcrypt.hashpw(b"kvcap: no such user", bcrypt.gensalt(rounds=cost))
         self._verified: set[bytes] = set()
         self._slots = FairSlots(BCRYPT_SLOTS)
+        self._checks = 0
+        self._checks_lock = threading.Lock()
+
+    @property
+    def bcrypt_checks(self) -> int:
+        """bcrypt checks run so far (the dummy hash made at start not counted)."""
+        return self._checks
 
     def check(self, authorization_header: str | None, peer: str = "") -> bool:
         """True when the header carries a configured user name and its password."""
@@ -91,6 +98,8 @@ class BasicAuth:
         return "ok"
 
     def _bcrypt_matches(self, password: bytes, stored: bytes) -> bool:
+        with self._checks_lock:
+            self._checks += 1
         too_long = len(password) > _MAX_PASSWORD_BYTES
         # A too-long password still pays for one check, so it is no faster to refuse.
         matches = bcrypt.checkpw(password[:_MAX_PASSWORD_BYTES], stored)

@@ -9,8 +9,11 @@ prefer_server_cipher_suites, curve_preferences), `http_server_config` (http2, he
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import ssl
+import stat
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -112,6 +115,16 @@ _HEADER_VALUES: Final[Mapping[str, tuple[str, ...] | None]] = {
     "X-XSS-Protection": None,
     "Strict-Transport-Security": None,
 }
+# Bounds on http_server_config.headers: a value and all of them together, sent on every
+# response. The longest real one, a Content-Security-Policy, is a few hundred bytes.
+MAX_HEADER_VALUE_BYTES: Final = 4096
+MAX_HEADERS_BYTES: Final = 8192
+_NOT_FIELD_VALUE: Final = re.compile(r"[^\x20-\x7e\t]")
+# The web config file: a real one is well under a KiB (node_exporter's examples: ~1 KiB).
+MAX_WEB_CONFIG_BYTES: Final = 1024 * 1024
+# Keys of the file shown in an error: the message stays one line of bounded length.
+_PRINTABLE_KEY: Final = re.compile(r"[\x21-\x7e]*")
+_MAX_SHOWN: Final = 64
 _SAN_CLIENT_AUTH: Final = frozenset({"RequireAnyClientCert", "RequireAndVerifyClientCert"})
 # Modular crypt format of bcrypt: variant, two-digit cost 04..31, 22 salt + 31 hash characters.
 BCRYPT_HASH: Final = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
@@ -161,10 +174,26 @@ def read_web_config_file(path: Path | str) -> WebConfig:
     """Read a web config file and check its schema, without opening the TLS files."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_regular_file(path, MAX_WEB_CONFIG_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"web config file {path}: cannot read it: {exc}") from exc
     return parse_web_config(text, base_dir=path.parent)
+
+
+def _read_regular_file(path: Path, max_bytes: int) -> bytes:
+    """The bytes of `path`, a regular file of at most `max_bytes`; OSError otherwise.
+
+    Opened without blocking, so a FIFO put in its place cannot hang start-up or a reload
+    (the reload runs on the thread that handles signals, or on a request's)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as file:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = file.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes")
+    return data
 
 
 def parse_web_config(text: str, *, base_dir: Path) -> WebConfig:
@@ -343,15 +372,40 @@ def _parse_http(document: object) -> tuple[bool, tuple[tuple[str, str], ...]]:
     headers = _mapping(headers_document, "http_server_config.headers", tuple(_HEADER_VALUES))
     chosen = []
     for name, value in headers.items():
+        where = f"http_server_config.headers.{name}"
+        # The type is checked before str(): an alias-expanded list would be rendered whole.
+        if not isinstance(value, str | int | float | None):
+            _fail(where, "must be one line of text")
         text = "" if value is None else str(value).strip()
-        if isinstance(value, dict | list) or "\n" in text or "\r" in text:
-            _fail(f"http_server_config.headers.{name}", "must be one line of text")
+        problem = header_value_problem(text)
+        if problem is not None:
+            _fail(where, problem)
         allowed = _HEADER_VALUES[name]
         if text and allowed is not None and text.lower() not in allowed:
-            _fail(f"http_server_config.headers.{name}", f"must be one of {', '.join(allowed)}")
+            _fail(where, f"must be one of {', '.join(allowed)}")
         if text:  # blank: unset, as exporter-toolkit reads it
             chosen.append((str(name), text))
+    total = sum(len(name) + len(text) + 4 for name, text in chosen)  # ": " and CRLF
+    if total > MAX_HEADERS_BYTES:
+        _fail("http_server_config.headers", f"{total} bytes in all; at most {MAX_HEADERS_BYTES}")
     return http2, tuple(chosen)
+
+
+def header_value_problem(text: str) -> str | None:
+    """Why `text` cannot be sent as a response header value, None when it can: visible
+    ASCII and inner spaces or tabs only (RFC 9110's field-value without obs-text), at most
+    MAX_HEADER_VALUE_BYTES. Every response's head is encoded as ASCII, so one character
+    past it would fail every answer, /healthz included; CR, LF or NUL would split or end
+    the head a client reads."""
+    if len(text) > MAX_HEADER_VALUE_BYTES:
+        return f"{len(text)} characters; at most {MAX_HEADER_VALUE_BYTES}"
+    bad = _NOT_FIELD_VALUE.search(text)
+    if bad is not None:
+        return (
+            f"must be one line of visible ASCII text; character {bad.start() + 1} is "
+            f"{bad.group()!a}"
+        )
+    return None
 
 
 def _strings(
@@ -374,12 +428,12 @@ def _parse_users(document: object) -> dict[str, str]:
     users: dict[str, str] = {}
     for name, hashed in document.items():
         if not isinstance(name, str) or not name:
-            _fail("basic_auth_users", f"user names must be non-empty strings, got {name!r}")
+            _fail("basic_auth_users", f"user names must be non-empty strings, got {_shown(name)}")
         if ":" in name:  # basic auth splits "user:password" at the first colon
-            _fail(f"basic_auth_users.{name}", "user names cannot contain ':'")
+            _fail(f"basic_auth_users.{_shown(name)}", "user names cannot contain ':'")
         if not isinstance(hashed, str) or not BCRYPT_HASH.fullmatch(hashed):
             # The value is never echoed: it may be a plain-text password put there by mistake.
-            _fail(f"basic_auth_users.{name}", "must be a bcrypt hash ($2a$, $2b$ or $2y$)")
+            _fail(f"basic_auth_users.{_shown(name)}", "must be a bcrypt hash ($2a$, $2b$ or $2y$)")
         users[name] = hashed
     return users
 
@@ -389,7 +443,7 @@ def _mapping(document: object, name: str, known: tuple[str, ...]) -> dict[str, A
         _fail(name or "file", f"must be a mapping with the fields {', '.join(known)}")
     for key in document:
         if key not in known:
-            where = f"{name}.{key}" if name else str(key)
+            where = f"{name}.{_shown(key)}" if name else _shown(key)
             _fail(where, f"unknown field; expected one of {', '.join(known)}")
     return document
 
@@ -406,7 +460,7 @@ def _path(fields: dict[str, Any], name: str, base_dir: Path) -> Path | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        _fail(f"tls_server_config.{name}", f"must be a file path, got {value!r}")
+        _fail(f"tls_server_config.{name}", f"must be a file path, got {_shown(value)}")
     if "\0" in value:  # no file has one; ssl and open() would raise ValueError
         _fail(f"tls_server_config.{name}", "must be a file path, got a NUL byte in it")
     # exporter-toolkit reads relative paths from the config file's folder, not the cwd.
@@ -434,6 +488,12 @@ def _check_certificates_load(path: Path, name: str) -> None:
 def _refuse_encrypted_key() -> NoReturn:
     # Without a callback OpenSSL would prompt for the passphrase on the terminal.
     _fail("tls_server_config.key_file", "is encrypted; kvcap needs an unencrypted key")
+
+
+def _shown(key: object) -> str:
+    """A key of the file as an error message may show it: one short line of ASCII."""
+    text = key if isinstance(key, str) and _PRINTABLE_KEY.fullmatch(key) else ascii(key)
+    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
 
 
 def _fail(where: str, problem: str, cause: BaseException | None = None) -> NoReturn:

@@ -44,12 +44,25 @@ class ServingState:
     auth: BasicAuth | None
 
 
-def build_serving_state(config: WebConfig) -> ServingState:
-    """The SSL context and authenticator for `config`; ConfigError when a TLS file is bad."""
+def build_serving_state(config: WebConfig, previous: ServingState | None = None) -> ServingState:
+    """The SSL context and authenticator for `config`; ConfigError when a TLS file is bad.
+
+    The authenticator of `previous` is kept when the users and their hashes are the same:
+    a new one would hash a dummy password (one bcrypt run) and forget every verified
+    login, so each scraper would pay bcrypt again after any reload."""
+    auth: BasicAuth | None = None
+    if config.basic_auth_users:
+        same_users = previous is not None and dict(previous.config.basic_auth_users) == dict(
+            config.basic_auth_users
+        )
+        if previous is not None and previous.auth is not None and same_users:
+            auth = previous.auth
+        else:
+            auth = BasicAuth(config.basic_auth_users)
     return ServingState(
         config=config,
         ssl_context=None if config.tls is None else build_ssl_context(config.tls),
-        auth=BasicAuth(config.basic_auth_users) if config.basic_auth_users else None,
+        auth=auth,
     )
 
 
@@ -85,6 +98,8 @@ class WebConfigWatcher:
         self._last_check = clock()
         self._watched: tuple[Path, ...] = ()
         self._signature: _Signature = ()
+        self._failing = False  # the last look found a file it could not use
+        self.reloads_performed = 0  # looks that read the file, for tests and the log
         if path is None:
             self._state = ServingState(WebConfig(), None, None)
             return
@@ -137,10 +152,18 @@ class WebConfigWatcher:
             return
         watched: tuple[Path, ...] = (path,)
         signature = signature[:1]
+        self.reloads_performed += 1
+        failing, self._failing = self._failing, True
         try:
             config = read_web_config_file(path)
             watched = _files_of(path, config)
             signature += _signature(watched[1:])
+            if config == self._state.config and signature == self._signature and not failing:
+                # Nothing to rebuild (a SIGHUP with nothing changed, a file rewritten with
+                # the same text): a storm of signals costs a read and a parse each.
+                self._failing = False
+                _log.debug("web_config_unchanged", file=str(path))
+                return
             if (config.tls is None) != (self._state.config.tls is None):
                 raise ConfigError(
                     "web config tls_server_config: cannot be added or removed while running; "
@@ -157,7 +180,7 @@ class WebConfigWatcher:
                     "(--web.config.allow-downgrade accepts such a change)",
                 )
                 return
-            state = build_serving_state(config)
+            state = build_serving_state(config, self._state)
         except ConfigError as exc:
             # The new file's TLS paths are watched from now on, so fixing them triggers
             # the next try; until then nothing changes and nothing more is logged.
@@ -166,6 +189,7 @@ class WebConfigWatcher:
             _log.error("web_config_reload_failed", file=str(path), error=str(exc))
             return
         self._watched, self._signature, self._state = watched, signature, state
+        self._failing = False
         _log.info(
             "web_config_reloaded",
             file=str(path),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import bcrypt
 import pytest
 import structlog
 
@@ -290,3 +291,45 @@ def test_reload_now_reads_the_file_without_waiting_for_the_interval(tmp_path: Pa
     config_file.write_text(AUTH)
     watcher.reload()
     assert watcher.state.auth is not None
+
+
+def test_a_reload_with_the_same_users_keeps_the_bcrypt_cache(
+    start_server: StartServer, certs: Certs
+) -> None:
+    server = start_server(AUTH)
+    authorized = {"Authorization": basic("alice", ALICE_PASSWORD)}
+    assert get(server.url, headers=authorized).status == 200
+    auth = server._server.watcher.state.auth if server._server else None
+    assert auth is not None
+    assert auth.bcrypt_checks == 1
+    config_file = config_file_of(server)
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(20):  # as many SIGHUPs, the file unchanged
+            server.reload_web_config()
+        # Another header, a comment: the same users and hashes, so the same authenticator.
+        config_file.write_text(
+            "# rewritten\n" + AUTH + "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"
+        )
+        server.reload_web_config()
+        for _ in range(5):
+            assert get(server.url, headers=authorized).status == 200
+    state = server._server.watcher.state if server._server else None
+    assert state is not None
+    assert state.auth is auth
+    assert auth.bcrypt_checks == 1  # the first login only
+    assert state.config.response_headers == (("X-Frame-Options", "deny"),)
+    assert [e["event"] for e in logs if e["log_level"] != "debug"] == ["web_config_reloaded"]
+
+
+def test_a_reload_with_a_changed_hash_drops_the_bcrypt_cache(start_server: StartServer) -> None:
+    server = start_server(AUTH)
+    authorized = {"Authorization": basic("alice", ALICE_PASSWORD)}
+    assert get(server.url, headers=authorized).status == 200
+    first = server._server.watcher.state.auth if server._server else None
+    other = bcrypt.hashpw(b"looking-glass", bcrypt.gensalt(rounds=4)).decode()
+    config_file_of(server).write_text(f"basic_auth_users:\n  alice: '{other}'\n")
+    server.reload_web_config()
+    assert get(server.url, headers=authorized).status == 401
+    state = server._server.watcher.state if server._server else None
+    assert state is not None
+    assert state.auth is not first

@@ -1,0 +1,154 @@
+"""Hostile web config files: headers that cannot be sent, files that are no file, bombs."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from exporter.errors import ConfigError
+from exporter.web import WebConfigWatcher, parse_web_config, read_web_config_file
+from exporter.web.config import MAX_HEADER_VALUE_BYTES, MAX_HEADERS_BYTES, MAX_WEB_CONFIG_BYTES
+from tests.web.conftest import StartServer, get
+
+CSP = "http_server_config:\n  headers:\n    Content-Security-Policy: {}\n"
+
+
+def refusal(text: str) -> str:
+    with pytest.raises(ConfigError) as refused:
+        parse_web_config(text, base_dir=Path("."))
+    return str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ('"café"', "character 4 is '\\xe9'"),
+        ('"a\\0b"', "character 2 is '\\x00'"),
+        ('"a\\rSet-Cookie: x=1"', "character 2 is '\\r'"),
+        ('"a\\nSet-Cookie: x=1"', "character 2 is '\\n'"),
+        ('"a\\x7fb"', "character 2 is '\\x7f'"),
+        ('"a\\u2028b"', "character 2 is '\\u2028'"),
+        ("a" * (MAX_HEADER_VALUE_BYTES + 1), f"at most {MAX_HEADER_VALUE_BYTES}"),
+        ("a" * 1024 * 1024, f"at most {MAX_HEADER_VALUE_BYTES}"),
+        ("[a, b]", "must be one line of text"),
+        ("{a: b}", "must be one line of text"),
+    ],
+    ids=["non-ascii", "nul", "cr", "lf", "del", "line-separator", "cap+1", "1MiB", "list", "map"],
+)
+def test_a_header_value_that_cannot_be_sent_is_refused_in_one_line(
+    value: str, message: str
+) -> None:
+    error = refusal(CSP.format(value))
+    assert error.startswith("web config http_server_config.headers.Content-Security-Policy: ")
+    assert message in error
+    assert "\n" not in error
+    assert "\r" not in error
+    assert len(error) < 200
+
+
+def test_visible_ascii_spaces_and_tabs_are_sent_as_written() -> None:
+    value = "default-src 'self';\timg-src *; " + "a" * (MAX_HEADER_VALUE_BYTES - 32)
+    config = parse_web_config(CSP.format(f'"{value}"'), base_dir=Path("."))
+    assert config.response_headers == (("Content-Security-Policy", value),)
+
+
+def test_the_headers_together_are_capped() -> None:
+    value = "a" * MAX_HEADER_VALUE_BYTES
+    text = (
+        "http_server_config:\n  headers:\n"
+        f"    Content-Security-Policy: {value}\n"
+        f"    X-XSS-Protection: {value}\n"
+    )
+    assert f"at most {MAX_HEADERS_BYTES}" in refusal(text)
+
+
+def billion_laughs(levels: int) -> str:
+    """A YAML flow sequence that names its nested anchors inline: 10**levels strings
+    when rendered as text, a few hundred bytes as YAML."""
+    text = "&a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"
+    for level in range(1, levels):
+        text = f"&a{level} [{text}" + f", *a{level - 1}" * 9 + "]"
+    return text
+
+
+def test_an_alias_bomb_as_a_header_value_is_refused_without_expanding_it() -> None:
+    bomb = billion_laughs(10)
+    assert len(bomb) < 1000
+    error = refusal(CSP.format(bomb))
+    assert error.endswith("Content-Security-Policy: must be one line of text")
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["? " + "x" * 100_000 + "\n", '"a\\nb"', "? !!binary aGVsbG8=\n"],
+    ids=["100k-char-key", "newline-key", "bytes-key"],
+)
+def test_an_unknown_key_is_shown_short_on_one_line(key: str) -> None:
+    error = refusal(f"{key}: 1\n")  # "? KEY": YAML's explicit key, of any length
+    assert "unknown field" in error
+    assert "\n" not in error
+    assert len(error) < 250
+
+
+def test_a_huge_user_name_is_shown_short() -> None:
+    error = refusal(f"basic_auth_users:\n  ? {'u' * 100_000}\n  : hunter2\n")
+    assert error.startswith("web config basic_auth_users.uuu")
+    assert len(error) < 200
+
+
+def test_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "web.yml"
+    os.mkfifo(fifo)
+    result: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            read_web_config_file(fifo)
+        except ConfigError as error:
+            result.append(error)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # unblock it: a writer lets the blocked open() return
+        with open(fifo, "w"):
+            pass
+        pytest.fail("reading a FIFO blocked")
+    assert "not a regular file" in str(result[0])
+
+
+def test_a_device_and_an_oversized_file_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_web_config_file("/dev/zero")
+    big = tmp_path / "web.yml"
+    with big.open("wb") as file:  # sparse: 1 GiB that costs nothing on disk
+        file.truncate(1024**3)
+    with pytest.raises(ConfigError, match=f"larger than {MAX_WEB_CONFIG_BYTES} bytes"):
+        read_web_config_file(big)
+
+
+def test_a_reload_with_a_non_ascii_header_keeps_the_old_config_and_every_answer(
+    start_server: StartServer,
+) -> None:
+    server = start_server("http_server_config:\n  headers:\n    X-Frame-Options: deny\n")
+    path = server._web_config_file
+    assert path is not None
+    path.write_text(CSP.format('"café"'), encoding="utf-8")
+    server.reload_web_config()
+    assert server.counters.reload_errors() == {"invalid": 1, "downgrade": 0}
+    for endpoint in ("/healthz", "/metrics"):
+        reply = get(server.url + endpoint)
+        assert reply.status == 200
+        assert reply.body
+        assert reply.headers["X-Frame-Options"] == "deny"
+        assert reply.headers["Content-Security-Policy"] is None
+
+
+def test_a_watcher_refuses_to_start_with_a_bad_header(tmp_path: Path) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text(CSP.format('"a\\0b"'))
+    with pytest.raises(ConfigError, match="character 2 is '\\\\x00'"):
+        WebConfigWatcher(path)
