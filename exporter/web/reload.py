@@ -77,7 +77,9 @@ class WebConfigWatcher:
     a restart instead. A change that weakens access control (basic auth turned off,
     client certificates no longer required or verified, a lower TLS version) is refused the
     same way unless `allow_downgrade`: an emptied or half-written file must not open the
-    exporter to everyone.
+    exporter to everyone. A file that holds the same settings as the served ones (and TLS
+    files that did not change) rebuilds nothing; the same users and hashes keep the
+    authenticator and its cache of verified logins.
     """
 
     def __init__(
@@ -99,7 +101,6 @@ class WebConfigWatcher:
         self._watched: tuple[Path, ...] = ()
         self._signature: _Signature = ()
         self._failing = False  # the last look found a file it could not use
-        self.reloads_performed = 0  # looks that read the file, for tests and the log
         if path is None:
             self._state = ServingState(WebConfig(), None, None)
             return
@@ -152,16 +153,16 @@ class WebConfigWatcher:
             return
         watched: tuple[Path, ...] = (path,)
         signature = signature[:1]
-        self.reloads_performed += 1
         failing, self._failing = self._failing, True
         try:
             config = read_web_config_file(path)
             watched = _files_of(path, config)
             signature += _signature(watched[1:])
-            if config == self._state.config and signature == self._signature and not failing:
-                # Nothing to rebuild (a SIGHUP with nothing changed, a file rewritten with
-                # the same text): a storm of signals costs a read and a parse each.
-                self._failing = False
+            same_tls_files = signature[1:] == self._signature[1:]
+            if config == self._state.config and same_tls_files and not failing:
+                # Nothing to rebuild (a SIGHUP with nothing changed, the file rewritten with
+                # the same settings): a storm of signals costs a read and a parse each.
+                self._watched, self._signature, self._failing = watched, signature, False
                 _log.debug("web_config_unchanged", file=str(path))
                 return
             if (config.tls is None) != (self._state.config.tls is None):

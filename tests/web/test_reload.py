@@ -333,3 +333,18 @@ def test_a_reload_with_a_changed_hash_drops_the_bcrypt_cache(start_server: Start
     state = server._server.watcher.state if server._server else None
     assert state is not None
     assert state.auth is not first
+
+
+def test_a_file_rewritten_with_the_same_settings_rebuilds_nothing(tmp_path: Path) -> None:
+    config_file = tmp_path / "web.yml"
+    config_file.write_text(AUTH)
+    clock = FakeClock()
+    watcher = WebConfigWatcher(config_file, clock=clock)
+    first = watcher.state
+    config_file.write_text("# the same users, said again\n" + AUTH)
+    clock.now += CHECK_INTERVAL_S
+    with structlog.testing.capture_logs() as logs:
+        watcher.maybe_reload()
+        watcher.reload()
+    assert watcher.state is first
+    assert [e["event"] for e in logs] == ["web_config_unchanged", "web_config_unchanged"]
