@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import select
 import signal
+import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -202,25 +204,38 @@ class StopSignals:
     """SIGTERM and SIGINT stop, SIGHUP asks for a web config reload. Installed before
     anything starts, so a signal that arrives during start-up still stops the process
     cleanly (SIGHUP's default action would kill it without a word, leaving the handshake
-    socket file behind)."""
+    socket file behind). Must be made on the main thread.
+
+    The handlers take no lock: Python runs a handler on the main thread between two of its
+    bytecodes, so a handler that set a threading.Event could wait for the Event's lock held
+    by the very code it interrupted (Event.wait), for good: a storm of SIGHUPs did that,
+    and the daemon no longer heard SIGTERM. They only count; the main thread is woken
+    through signal.set_wakeup_fd, written to by the interpreter's C-level handler."""
 
     def __init__(self) -> None:
-        self.event = threading.Event()
         self.received: list[str] = []
         self._reloads_asked = 0
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_reader.setblocking(False)
+        self._wake_writer.setblocking(False)
+        # A full buffer (a storm) already wakes the reader: no byte more is needed.
+        signal.set_wakeup_fd(self._wake_writer.fileno(), warn_on_full_buffer=False)
         signal.signal(signal.SIGTERM, self._handle)
         signal.signal(signal.SIGINT, self._handle)
         signal.signal(signal.SIGHUP, self._handle_hup)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        # Only set the event: a handler that logged could deadlock on the logger's lock,
-        # which the interrupted main thread may be holding.
         self.received.append(signal.Signals(signum).name)
-        self.event.set()
 
     def _handle_hup(self, signum: int, frame: FrameType | None) -> None:
         self._reloads_asked += 1
-        self.event.set()
+
+    def _sleep(self, timeout_s: float | None) -> None:
+        """Until a signal arrives (or `timeout_s`); the handlers have run when it returns."""
+        select.select([self._wake_reader], [], [], timeout_s)
+        with contextlib.suppress(BlockingIOError):
+            while self._wake_reader.recv(4096):
+                pass
 
     def wait(
         self,
@@ -232,14 +247,13 @@ class StopSignals:
 
         Reloads are coalesced: one runs at a time, and the SIGHUPs that arrive during it
         or within `reload_interval_s` after it start one more reload, no more, when that
-        interval ends (a storm of 1,000 signals costs a reload a second and two log lines
-        each). SIGTERM is still seen at once while a reload waits."""
+        interval ends (a storm of 1,000 signals costs a reload a second and a log line
+        or two each). SIGTERM is still seen at once while a reload waits."""
         handled = 0
         next_reload_at = 0.0
-        while True:
+        while not self.received:
             pending = handled < self._reloads_asked
-            self.event.wait(max(0.0, next_reload_at - time.monotonic()) if pending else None)
-            self.event.clear()
+            self._sleep(max(0.0, next_reload_at - time.monotonic()) if pending else None)
             if self.received:
                 break
             if handled < self._reloads_asked and time.monotonic() >= next_reload_at:

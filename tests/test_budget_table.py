@@ -208,3 +208,17 @@ def test_every_reason_the_code_counts_is_declared() -> None:
 
 def test_every_collectors_reasons_are_declared_under_a_collector_kvcap_has() -> None:
     assert set(COLLECTOR_ERROR_REASONS) == set(COLLECTORS)
+
+
+@pytest.mark.parametrize(
+    "counter",
+    [
+        "kvcap_kv_events_dropped_total",
+        "kvcap_web_requests_rejected_total",
+        "kvcap_web_config_reload_errors_total",
+    ],
+)
+def test_docs_metrics_lists_every_reason_of_a_counter(counter: str) -> None:
+    page = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    row = next(line for line in page.splitlines() if line.startswith(f"| `{counter}` |"))
+    assert COUNTED_REASONS[counter] <= set(re.findall(r"`([a-z_]+)`", row))

@@ -58,6 +58,11 @@ def test_a_sighup_storm_is_coalesced_and_keeps_the_bcrypt_cache(tmp_path: Path) 
         cpu_s = target.cpu_s() - cpu_before
         lines = target.log[logged_before:]
         assert target.process.poll() is None
+        # SIGTERM right behind more SIGHUPs still stops it, cleanly.
+        for _ in range(50):
+            os.kill(target.process.pid, signal.SIGHUP)
+        target.process.send_signal(signal.SIGTERM)
+        assert target.process.wait(10) == 0
     assert statuses == [200] * (SIGNALS // 50)
     reloads = [line for line in lines if "exporter_reloading" in line]
     # One reload at a time, at most one pending, one a second: not one per signal.
