@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from exporter.errors import ConfigError
 from exporter.web import WebConfigWatcher, parse_web_config, read_web_config_file
@@ -152,3 +155,18 @@ def test_a_watcher_refuses_to_start_with_a_bad_header(tmp_path: Path) -> None:
     path.write_text(CSP.format('"a\\0b"'))
     with pytest.raises(ConfigError, match="character 2 is '\\\\x00'"):
         WebConfigWatcher(path)
+
+
+@given(st.text(max_size=300) | st.binary(max_size=300).map(lambda b: b.decode("latin-1")))
+def test_any_header_value_is_refused_or_sendable_on_every_response(value: str) -> None:
+    # json.dumps writes every character as a YAML double-quoted scalar can read it back.
+    text = CSP.format(json.dumps(value))
+    try:
+        config = parse_web_config(text, base_dir=Path("."))
+    except ConfigError as refused:
+        assert "\n" not in str(refused)
+        return
+    for name, sent in config.response_headers:
+        assert f"{name}: {sent}\r\n".encode("ascii").count(b"\r\n") == 1
+        assert "\0" not in sent
+        assert len(sent) <= MAX_HEADER_VALUE_BYTES
