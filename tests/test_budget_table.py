@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import ast
 import re
+import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 
 from exporter.cli import build_parser
 from exporter.collectors import COLLECTORS
+from exporter.collectors.http_fetch import FetchError, fetch
 from exporter.counted_reasons import COLLECTOR_ERROR_REASONS, COUNTED_REASONS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -222,3 +225,28 @@ def test_docs_metrics_lists_every_reason_of_a_counter(counter: str) -> None:
     page = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
     row = next(line for line in page.splitlines() if line.startswith(f"| `{counter}` |"))
     assert COUNTED_REASONS[counter] <= set(re.findall(r"`([a-z_]+)`", row))
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"), [(404, "http_4xx"), (503, "http_5xx"), (999, "http_5xx")]
+)
+def test_a_status_past_599_is_counted_under_a_declared_reason(status: int, reason: str) -> None:
+    """A real server on loopback answering a status http.client accepts (up to 999)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+
+        def answer() -> None:
+            connection, _ = server.accept()
+            with connection:
+                connection.recv(65536)
+                connection.sendall(
+                    f"HTTP/1.1 {status} Odd\r\nContent-Length: 0\r\n\r\n".encode("ascii")
+                )
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        port = server.getsockname()[1]
+        with pytest.raises(FetchError) as failed:
+            fetch(f"http://127.0.0.1:{port}/metrics", timeout_s=5, max_bytes=1024)
+        thread.join(5)
+    assert failed.value.reason == reason
+    assert reason in COLLECTOR_ERROR_REASONS["vllm_http"]

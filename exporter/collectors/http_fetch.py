@@ -71,9 +71,10 @@ def _get_once(url: str, deadline: float, max_bytes: int) -> bytes | str:
         if response.status in _REDIRECTS:
             return response.headers.get("Location") or ""
         if response.status >= 400:
-            raise FetchError(
-                f"http_{response.status // 100}xx", f"HTTP {response.status} from {url}"
-            )
+            # Two reasons only: http.client passes any status up to 999, and a label value
+            # per hundred would be a reason no one declared (exporter/counted_reasons.py).
+            reason = "http_4xx" if response.status < 500 else "http_5xx"
+            raise FetchError(reason, f"HTTP {response.status} from {url}")
         _check_content_type(url, response.headers.get("Content-Type"))
         raw = _read_body(connection, response, deadline, max_bytes, url)
         encoding = (response.headers.get("Content-Encoding") or "").lower()
