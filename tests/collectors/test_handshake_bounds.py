@@ -172,7 +172,7 @@ def test_due_heartbeats_pass_a_spent_global_budget() -> None:
 
 def test_groups_workers_and_their_sum_are_bounded(listener: Listener) -> None:
     assert (DEFAULT_MAX_ENGINES, DEFAULT_MAX_GROUPS, DEFAULT_MAX_WORKERS) == (256, 32, 256)
-    assert DEFAULT_MAX_SERIES_ROWS == 4096
+    assert DEFAULT_MAX_SERIES_ROWS == 2048
     listener.send(ready_v2_message(ready_bytes(0), 5.0, with_groups(33)))
     listener.send(ready_v2_message(ready_bytes(1), 5.0, with_groups(1, workers=257)))
     listener.until(
