@@ -203,7 +203,6 @@ class HandshakeReceiver:
             ),
             clock,
         )
-        self.guard = self.admission.guard
 
     def handle(self, frames: list[bytes]) -> None:
         reason, message = self._apply(frames)

@@ -2,7 +2,8 @@
 
 An engine index is held by the instance (vLLM's `instance_id` and the plugin's `bye_token`)
 whose message first claimed it. While that instance is live (heard within its stale
-window) a message of another instance for the index is refused: a heartbeat cannot swap
+window) a message of another instance for the index is refused, unless it carries the
+held instance's token (the same process started a new instance): a heartbeat cannot swap
 the token a bye must repeat, and a storm of new instance ids cannot flip an engine back
 and forth (each flip a restart, a log line and a re-render). An instance leaves by its bye,
 by going silent past its stale window, or by being forgotten; then the next instance takes
@@ -133,12 +134,11 @@ class Admission:
         """Hold `claim`'s engine for its instance, or raise Refused; nothing changes then."""
         limits, now = self.limits, self.clock()
         held = self.held.get(claim.engine)
-        same = (
-            held is not None
-            and held.instance_id == claim.instance_id
-            and _same_token(held.bye_token, claim.bye_token)
-        )
-        if held is not None and not same and self._holds(held, now):
+        same_token = held is not None and _same_token(held.bye_token, claim.bye_token)
+        same = held is not None and held.instance_id == claim.instance_id and same_token
+        # The held instance's own process (its token) may start a new instance at once.
+        successor = held is not None and held.bye_token is not None and same_token
+        if held is not None and not same and not successor and self._holds(held, now):
             if held.instance_id == claim.instance_id:
                 raise Refused(
                     "token_mismatch", f"engine {claim.engine}: not the bye token of its instance"

@@ -196,3 +196,15 @@ def test_the_series_budget_refuses_whole_engines_and_frees_on_bye(tmp_path: Path
         listener.send(bye_message(0, "i0", TOKEN))
         listener.send(ready_v2_message(ready_bytes(5), 5.0, with_groups(32), TOKEN))
         listener.until(lambda: listener.engines() == ["1", "2", "5"])
+
+
+def test_the_held_instances_own_process_may_start_a_new_instance_at_once() -> None:
+    clock = Clock()
+    handshake, store = receiver(clock)
+    with capture_logs():
+        handshake.handle(ready_v2_message(ready_bytes(0), 5.0, bye_token=TOKEN))
+        # Its token proves the process: its new instance needs no wait for the old to go stale.
+        handshake.handle(ready_v2_message(ready_bytes(0, instance_id="next"), 5.0, None, TOKEN))
+    assert [v.instance_id for v in store.snapshot().engines] == ["next"]
+    assert store.snapshot().errors == {}
+    assert store.snapshot().restarts == {"0": 1}
