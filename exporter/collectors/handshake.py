@@ -10,14 +10,11 @@ sends no bye) is marked stale, and removed after the forget window.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import msgspec
 import structlog
@@ -36,6 +33,11 @@ from exporter.collectors.handshake_admission import (
     AdmissionLimits,
     Claim,
     Refused,
+)
+from exporter.collectors.handshake_ipc import (
+    prepare_ipc_directory,
+    remove_ipc_file,
+    set_ipc_file_mode,
 )
 from exporter.collectors.kv_events_endpoints import endpoints_from_sources
 from exporter.collectors.registry import CollectorSpec, register_collector
@@ -60,6 +62,8 @@ log = structlog.get_logger("kvcap.handshake")
 NAME = "handshake"
 DEFAULT_ENDPOINT = "ipc:///tmp/kvcap/handshake.sock"
 _POLL_MS = 100
+# Messages handled between two liveness sweeps (and looks at the stop flag) at most.
+_RECEIVE_BATCH = 1000
 # Ten minutes: past KvcapEngineStale's `for: 5m` (so the alert fires and is seen) and past
 # a vLLM restart of a large model (which returns under the same engine index), yet short
 # enough that a dead engine's capacity leaves `sum by` within a few Prometheus windows.
@@ -307,7 +311,7 @@ class HandshakeCollector:
 
     def start(self, sink: StateSink) -> None:
         endpoint = self.settings.endpoint
-        _prepare_ipc_directory(endpoint)
+        prepare_ipc_directory(endpoint)
         socket = self._context.socket(zmq.PULL)
         socket.setsockopt(zmq.RCVHWM, self.settings.receive_hwm)
         # ZMQ drops the connection of a peer that sends a larger message.
@@ -320,7 +324,7 @@ class HandshakeCollector:
         umask = os.umask(0o077)
         try:
             socket.bind(endpoint)
-            _set_ipc_file_mode(endpoint, self.settings.socket_mode)
+            set_ipc_file_mode(endpoint, self.settings.socket_mode)
         except (zmq.ZMQError, OSError) as error:
             socket.close()
             raise ConfigError(f"--handshake.listen {endpoint}: {error}") from None
@@ -347,10 +351,14 @@ class HandshakeCollector:
             self.sweeps += 1
 
     def _receive_all(self) -> bool:
-        """Handle every queued message; False when the socket is gone."""
+        """Handle the queued messages, at most a batch of them; False when the socket is
+        gone. A peer that sends faster than they are handled must not keep the thread from
+        its liveness sweep and its stop flag."""
         assert self._socket is not None
         assert self.receiver is not None
-        while True:
+        for _ in range(_RECEIVE_BATCH):
+            if self._stop.is_set():
+                return True
             try:
                 frames, count = _receive_frames(self._socket, self.settings.max_frame_bytes)
             except zmq.Again:
@@ -363,6 +371,7 @@ class HandshakeCollector:
                 )
             else:
                 self.receiver.handle(frames)
+        return True
 
     def stop(self, timeout_s: float) -> None:
         self._stop.set()
@@ -370,7 +379,7 @@ class HandshakeCollector:
             self._thread.join(timeout_s)
         if self._socket is not None:
             self._socket.close(linger=0)
-            _remove_ipc_file(self.settings.endpoint)
+            remove_ipc_file(self.settings.endpoint)
         self._context.term()
 
 
@@ -392,49 +401,6 @@ def _receive_frames(socket: zmq.Socket[bytes], max_frame_bytes: int) -> tuple[li
         frame = socket.recv(copy=False)  # the rest of a message arrives with its first frame
 
 
-def _prepare_ipc_directory(endpoint: str) -> None:
-    """An ipc:// path's directory is created private (0700) when it does not exist; one that
-    exists must be this user's and writable by no one else, or whoever can write there
-    could replace the socket and read the ready messages, or push engines of their own.
-    A mount point (a volume) is accepted as it is."""
-    if not endpoint.startswith("ipc://"):
-        return
-    path = Path(endpoint.removeprefix("ipc://"))
-    try:
-        if not path.parent.exists():
-            path.parent.mkdir(mode=0o700, parents=True)
-        _check_private(path.parent)
-        if path.is_socket():
-            os.unlink(path)  # a stale socket file from a previous run
-    except OSError as error:  # read-only, or a file where a directory should be
-        raise ConfigError(f"--handshake.listen {endpoint}: {error}") from None
-
-
-def _check_private(folder: Path) -> None:
-    info = folder.lstat()
-    if stat.S_ISLNK(info.st_mode):
-        raise ConfigError(f"--handshake.listen: {folder} is a symbolic link; use a real folder")
-    if os.path.ismount(folder):
-        # A volume mounted there (a Kubernetes emptyDir: root's, mode 0777) was given to
-        # the pod's containers by whoever set the pod up; no other user can see it.
-        return
-    if info.st_uid != os.geteuid():
-        raise ConfigError(
-            f"--handshake.listen: {folder} belongs to uid {info.st_uid}, not to this user "
-            f"(uid {os.geteuid()}); remove it or use a folder of this user's"
-        )
-    if info.st_mode & 0o022:
-        raise ConfigError(
-            f"--handshake.listen: {folder} is writable by group or others "
-            f"(mode {stat.S_IMODE(info.st_mode):04o}); chmod go-w it or use another folder"
-        )
-
-
-def _set_ipc_file_mode(endpoint: str, mode: int) -> None:
-    if endpoint.startswith("ipc://"):
-        os.chmod(endpoint.removeprefix("ipc://"), mode)
-
-
 def _socket_mode(text: str) -> int:
     try:
         mode = int(text, 8)
@@ -445,16 +411,6 @@ def _socket_mode(text: str) -> int:
             "0600 or 0660: read and write for the owner, maybe the group"
         )
     return mode
-
-
-def _remove_ipc_file(endpoint: str) -> None:
-    """The socket file goes with the socket, so no plugin pushes into a path nobody reads."""
-    if not endpoint.startswith("ipc://"):
-        return
-    path = Path(endpoint.removeprefix("ipc://"))
-    with contextlib.suppress(OSError):  # gone already, or the folder went with it
-        if path.is_socket():
-            path.unlink()
 
 
 def _add_arguments(group: FlagGroup) -> None:

@@ -246,3 +246,55 @@ def test_engines_times_groups_stay_within_the_series_budget() -> None:
     assert engines.elapsed_s < SCRAPE_WITHIN_S
     assert peak < MAX_RSS_MIB
     assert stopped < STOPPED_WITHIN_S
+
+
+FLOOD_S = 6.0
+
+
+def test_a_flood_at_full_speed_leaves_honest_engines_current_and_sigterm_works() -> None:
+    """Three peers sending as fast as ZMQ takes it: junk, malformed ready messages and
+    well-formed heartbeats of 56 forged engines; SIGTERM arrives during the flood."""
+    with handshake_daemon() as (target, context, endpoint), honest_engines(context, endpoint):
+        time.sleep(2 * INTERVAL_S)
+        stop = threading.Event()
+        sent = [0, 0, 0]
+
+        def flood(peer: int) -> None:
+            push = connect(context, endpoint)
+            rng = random.Random(peer)
+            messages = [
+                [b"kvcap.junk.v1", b"x"],
+                [b"kvcap.ready.v2", b"\xc1", b"\xc1"],
+                *(ready_v2_message(ready_bytes(rank), 5.0) for rank in range(HONEST, 64)),
+            ]
+            try:
+                while not stop.is_set():
+                    try:
+                        push.send_multipart(rng.choice(messages), zmq.NOBLOCK)
+                        sent[peer] += 1
+                    except zmq.Again:
+                        time.sleep(0.001)  # the daemon's queue is full: ZMQ pushes back
+            finally:
+                push.close()
+
+        threads = [threading.Thread(target=flood, args=(peer,), daemon=True) for peer in range(3)]
+        for thread in threads:
+            thread.start()
+        try:
+            checks, failed, slowest = checked(target, FLOOD_S)
+            peak = target.peak_rss_mib()
+            stopped = stop_time(target)  # while the flood goes on
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(5)
+    print(
+        f"full-speed flood: {sum(sent)} messages in {FLOOD_S:.0f} s, honest current in "
+        f"{checks - failed} of {checks} checks, slowest {slowest:.3f} s, peak RSS "
+        f"{peak:.1f} MiB, SIGTERM {stopped:.2f} s"
+    )
+    assert failed == 0
+    assert slowest < SCRAPE_WITHIN_S
+    assert peak < MAX_RSS_MIB
+    assert stopped < STOPPED_WITHIN_S
+    assert not target.logged("Traceback")
