@@ -23,6 +23,7 @@ from exporter.collectors.handshake import (
 from exporter.handshake_wire import GroupExtra, ReadyExtras, bye_message, ready_v2_message
 from exporter.state import StateStore
 from tests.collectors.test_handshake_hostile import TOKEN, Listener, ready_bytes
+from tests.state.test_store import Clock
 
 OTHER = "another-process-secret-32-chars!"
 ENDPOINT = "ipc:///run/kvcap/handshake.sock"
@@ -84,14 +85,6 @@ def test_an_instance_that_sent_no_token_never_gets_one(listener: Listener) -> No
     listener.until(lambda: listener.engines() == [])
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now_s = 100.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
 def receiver(clock: Clock, **settings: Any) -> tuple[HandshakeReceiver, StateStore]:
     store = StateStore()
     return HandshakeReceiver(ENDPOINT, store, HandshakeSettings(**settings), clock), store
@@ -102,10 +95,10 @@ def test_an_instance_holds_its_engine_until_it_goes_stale_or_says_bye() -> None:
     handshake, store = receiver(clock)
     with capture_logs():
         handshake.handle(ready_v2_message(ready_bytes(0), 1.0, bye_token=TOKEN))
-        clock.now_s += 2.9  # within 3 intervals: live
+        clock.now += 2.9  # within 3 intervals: live
         handshake.handle(ready_v2_message(ready_bytes(0, instance_id="new"), 1.0, None, OTHER))
         assert store.snapshot().errors == {("handshake", "instance_conflict"): 1}
-        clock.now_s += 0.2  # silent past its stale window: it left, the restart is taken
+        clock.now += 0.2  # silent past its stale window: it left, the restart is taken
         handshake.handle(ready_v2_message(ready_bytes(0, instance_id="new"), 1.0, None, OTHER))
         assert [v.instance_id for v in store.snapshot().engines] == ["new"]
         assert store.snapshot().restarts == {"0": 1}
@@ -122,10 +115,10 @@ def test_a_forged_fast_heartbeat_holds_its_index_at_least_a_second() -> None:
     handshake, store = receiver(clock)
     with capture_logs():
         handshake.handle(ready_v2_message(ready_bytes(5, instance_id="a"), 0.05))
-        clock.now_s += 0.5  # past 3 of its 50 ms intervals, within the 1 s floor
+        clock.now += 0.5  # past 3 of its 50 ms intervals, within the 1 s floor
         handshake.handle(ready_v2_message(ready_bytes(5, instance_id="b"), 0.05))
         assert store.snapshot().errors == {("handshake", "instance_conflict"): 1}
-        clock.now_s += 0.6
+        clock.now += 0.6
         handshake.handle(ready_v2_message(ready_bytes(5, instance_id="b"), 0.05))
     assert [v.instance_id for v in store.snapshot().engines] == ["b"]
 
@@ -137,7 +130,7 @@ def test_one_engines_flood_leaves_the_others_their_heartbeats() -> None:
         for rank in range(8):
             handshake.handle(ready_v2_message(ready_bytes(rank), 5.0))
         for second in range(10):
-            clock.now_s += 1.0
+            clock.now += 1.0
             for _ in range(300):  # engine 0's own instance, 300 a second
                 handshake.handle(ready_v2_message(ready_bytes(0), 5.0))
             if second % 5 == 4:
@@ -159,10 +152,10 @@ def test_due_heartbeats_pass_a_spent_global_budget() -> None:
             handshake.handle(ready_v2_message(ready_bytes(rank), 5.0))
         assert len(store.snapshot().engines) == 10
         for _ in range(30):  # a flood of 40 new engines a second never lets up
-            clock.now_s += 1.0
+            clock.now += 1.0
             for rank in range(40, 80):
                 handshake.handle(ready_v2_message(ready_bytes(rank), 5.0))
-            if int(clock.now_s) % 5 == 0:
+            if int(clock.now) % 5 == 0:
                 for rank in range(10):
                     handshake.handle(ready_v2_message(ready_bytes(rank), 5.0))
             handshake.sweep()

@@ -11,14 +11,7 @@ from exporter.exposition import build_exposition
 from exporter.state import StateStore
 from exporter.state.log_limit import INTERVAL_S, LINES_PER_INTERVAL, LogLimit
 from tests.state.helpers import reports
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now_s = 0.0
-
-    def __call__(self) -> float:
-        return self.now_s
+from tests.state.test_store import Clock
 
 
 def test_lines_past_the_budget_are_left_out_and_counted_on_the_next_window() -> None:
@@ -26,7 +19,7 @@ def test_lines_past_the_budget_are_left_out_and_counted_on_the_next_window() -> 
     limit = LogLimit(lines=3, interval_s=10.0, clock=clock)
     assert [limit.allow("restart") for _ in range(5)] == [0, 0, 0, None, None]
     assert limit.allow("added") == 0  # each event has its own budget
-    clock.now_s = 10.0
+    clock.now += 10.0
     assert limit.allow("restart") == 2  # the first line of the next window says so
     assert limit.allow("restart") == 0
 
