@@ -76,11 +76,13 @@ DEFAULT_MAX_RATE_PER_ENGINE = 20.0
 # vLLM makes a few KV cache groups per model (8 at most among the recorded ones: Gemma 3,
 # Jamba, Qwen3-Next), one per attention kind and layer count ratio.
 DEFAULT_MAX_GROUPS = 32
-# Workers (TP x PP) of one engine: 8 GPUs x 16 pipeline stages is 128.
+# Workers (TP x PP) of one engine: 8 GPUs x 16 pipeline stages is 128; and the devices
+# it sees (CUDA_VISIBLE_DEVICES: a node's GPUs, or MIG instances).
 DEFAULT_MAX_WORKERS = 256
-# Groups plus workers over every engine: each is a row of every per-group or per-worker
-# family. 64 engines of 8 groups and 8 workers use 1,024; 2,048 rows of 256-character model
-# names are a 3 MiB /metrics, a 1.1 MiB /engines served in 0.2 s and 64 MiB peak RSS.
+# Groups, workers and devices over every engine: each is a row of every per-group or
+# per-worker family, or a string in /engines. 64 engines of 8 groups, 8 workers and 8
+# devices use 1,536; 2,048 rows of 256-character model names are a 3 MiB /metrics, a
+# 1.1 MiB /engines served in 0.2 s and 64 MiB peak RSS.
 DEFAULT_MAX_SERIES_ROWS = 2048
 # The most frames a message of the wire contract has (ready v2 with extras).
 MAX_FRAMES = 4
@@ -105,7 +107,8 @@ class HandshakeSettings:
     max_engines: int = DEFAULT_MAX_ENGINES
     # Messages per second of one engine, besides the global `max_messages_per_s`.
     max_messages_per_engine_per_s: float = DEFAULT_MAX_RATE_PER_ENGINE
-    # KV cache groups and workers of one engine, and groups plus workers of all engines.
+    # KV cache groups and workers (and devices) of one engine, and all of them over every
+    # engine.
     max_groups_per_engine: int = DEFAULT_MAX_GROUPS
     max_workers_per_engine: int = DEFAULT_MAX_WORKERS
     max_series_rows: int = DEFAULT_MAX_SERIES_ROWS
@@ -264,6 +267,7 @@ class HandshakeReceiver:
             interval_s=interval_s,
             groups=len(extras.groups) if extras else 0,
             workers=len(extras.bytes_per_block_per_worker) if extras else 0,
+            devices=len(extras.devices) if extras else 0,
         )
         # Admitted before the report is built: a refused message costs no GPU mapping.
         self.admission.admit_ready(claim)
@@ -511,15 +515,17 @@ def _add_budget_arguments(group: FlagGroup) -> None:
         metavar="N",
         type=positive_int,
         default=DEFAULT_MAX_WORKERS,
-        help="most workers (TP x PP) of one engine; an engine with more is refused",
+        help="most workers (TP x PP), and most devices it sees, of one engine; an engine "
+        "with more is refused",
     )
     group.add(
         "--handshake.max-series-rows",
         metavar="N",
         type=positive_int,
         default=DEFAULT_MAX_SERIES_ROWS,
-        help="most KV cache groups plus workers over all engines (each a row of every "
-        "per-group or per-worker family); an engine past it is refused",
+        help="most KV cache groups, workers and devices over all engines (each a row of "
+        "every per-group or per-worker family, or a string in /engines); an engine past it "
+        "is refused",
     )
 
 

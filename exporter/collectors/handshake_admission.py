@@ -15,9 +15,10 @@ cannot use up the messages of the others; and a heartbeat of a held instance tha
 (half its interval, at least `DUE_AFTER_S`, since its last accepted message) passes even
 when the global budget is spent, so honest engines stay current under any flood.
 
-Series: the groups and workers of an engine each make a row of every per-group and
-per-worker family; they are capped per engine and summed over engines within one budget,
-so `/metrics` and `/engines` stay bounded. A refused message changes nothing.
+Rows: the groups and workers of an engine each make a row of every per-group and
+per-worker family, its devices a string each in /engines; they are capped per engine and
+summed over engines within one budget, so `/metrics` and `/engines` stay bounded. A
+refused message changes nothing.
 """
 
 from __future__ import annotations
@@ -87,6 +88,11 @@ class Claim:
     interval_s: float | None  # None: a v1 plugin (no heartbeat)
     groups: int
     workers: int
+    devices: int  # CUDA_VISIBLE_DEVICES entries: each a string in /engines
+
+    @property
+    def rows(self) -> int:
+        return self.groups + self.workers + self.devices
 
 
 @dataclass(slots=True)
@@ -118,7 +124,7 @@ class Admission:
         self.clock = clock
         self.held: dict[str, HeldEngine] = {}
         self.guard = RateGuard(limits.max_messages_per_s, clock)
-        self.rows = 0  # groups + workers over every held engine
+        self.rows = 0  # groups + workers + devices over every held engine
 
     def stale_window_s(self, held: HeldEngine) -> float:
         assert held.interval_s is not None
@@ -156,9 +162,13 @@ class Admission:
             raise Refused(
                 "too_many_workers", f"{claim.workers} workers, over {limits.max_workers_per_engine}"
             )
+        if claim.devices > limits.max_workers_per_engine:
+            raise Refused(
+                "too_many_devices", f"{claim.devices} devices, over {limits.max_workers_per_engine}"
+            )
         if held is None and len(self.held) >= limits.max_engines:
             raise Refused("too_many_engines", f"more than {limits.max_engines} engines known")
-        rows = self.rows - (held.rows if held else 0) + claim.groups + claim.workers
+        rows = self.rows - (held.rows if held else 0) + claim.rows
         if rows > limits.max_series_rows:
             raise Refused(
                 "series_budget",
@@ -167,7 +177,7 @@ class Admission:
         self._charge(held, due=same and held is not None and self._due(held, now))
         if held is not None and same:
             held.heard_at_s, held.stale = now, False
-            held.interval_s, held.rows = claim.interval_s, claim.groups + claim.workers
+            held.interval_s, held.rows = claim.interval_s, claim.rows
         else:
             budget = (
                 held.budget if held else RateGuard(limits.max_messages_per_engine_per_s, self.clock)
@@ -177,7 +187,7 @@ class Admission:
                 claim.bye_token,
                 claim.interval_s,
                 now,
-                claim.groups + claim.workers,
+                claim.rows,
                 budget,
             )
         self.rows = rows

@@ -201,3 +201,16 @@ def test_the_held_instances_own_process_may_start_a_new_instance_at_once() -> No
     assert [v.instance_id for v in store.snapshot().engines] == ["next"]
     assert store.snapshot().errors == {}
     assert store.snapshot().restarts == {"0": 1}
+
+
+def test_devices_count_against_the_engine_and_the_budget(tmp_path: Path) -> None:
+    endpoint = f"ipc://{tmp_path}/kvcap/handshake.sock"
+    with Listener(endpoint, max_series_rows=600) as listener:
+        many = ReadyExtras(devices=["GPU-" + "d" * 200] * 257)
+        listener.send(ready_v2_message(ready_bytes(0), 5.0, many))
+        listener.until(lambda: listener.errors("too_many_devices") == 1)
+        node = ReadyExtras(devices=["GPU-" + "d" * 200] * 250)
+        for rank in range(4):  # 250 rows each: two fit in 600
+            listener.send(ready_v2_message(ready_bytes(rank), 5.0, node))
+        listener.until(lambda: listener.errors("series_budget") == 2)
+        assert listener.engines() == ["0", "1"]

@@ -298,3 +298,38 @@ def test_a_flood_at_full_speed_leaves_honest_engines_current_and_sigterm_works()
     assert peak < MAX_RSS_MIB
     assert stopped < STOPPED_WITHIN_S
     assert not target.logged("Traceback")
+
+
+def test_long_device_lists_stay_within_the_budget() -> None:
+    """256 engines, each naming 250 devices of 250 characters and 256-character strings
+    wherever the wire allows them: the most /engines text a frame under the cap carries."""
+    with handshake_daemon("--handshake.max-rate=1e6") as (target, context, endpoint):
+        attacker = connect(context, endpoint)
+        extras = ReadyExtras(model_name="m" * 256, devices=["d" * 250] * 250)
+        for rank in range(256):
+            ready = ready_bytes(rank, instance_id="i" * 256, vllm_version="v" * 256)
+            attacker.send_multipart(ready_v2_message(ready, 5.0, extras))
+        kept_at_most = 2048 // 250
+
+        def refused() -> float:
+            return target.counter(
+                "kvcap_collector_errors_total", collector="handshake", reason="series_budget"
+            )
+
+        deadline = time.monotonic() + 60
+        while refused() < 256 - kept_at_most:
+            assert time.monotonic() < deadline, "the daemon did not handle every message"
+            time.sleep(0.5)
+        metrics, engines = scrape(target), scrape(target, "/engines")
+        peak = target.peak_rss_mib()
+        stopped = stop_time(target)
+    kept = len(json.loads(engines.body)["engines"])
+    print(
+        f"long device lists: {kept} engines kept, /metrics {len(metrics.body) / 2**20:.2f} MiB "
+        f"in {metrics.elapsed_s:.3f} s, /engines {len(engines.body) / 2**20:.2f} MiB in "
+        f"{engines.elapsed_s:.3f} s, peak RSS {peak:.1f} MiB, SIGTERM {stopped:.2f} s"
+    )
+    assert kept == kept_at_most
+    assert engines.elapsed_s < SCRAPE_WITHIN_S
+    assert peak < MAX_RSS_MIB
+    assert stopped < STOPPED_WITHIN_S
