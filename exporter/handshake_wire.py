@@ -8,9 +8,10 @@ ZMQ PUSH (plugin, connect) -> PULL (sidecar, bind). Multipart messages:
 
 The Heartbeat of a plugin of this version carries `bye_token`, a secret of the engine's
 process; its Bye repeats it, and the sidecar removes an engine on a bye only when the token
-matches the one of the engine's last ready message. So a bye carrying an `instance_id`
-read from /metrics removes nothing. The token is never exported. A plugin that sends no
-token (v1, or v2 from before it) has its byes accepted as before.
+matches the one the engine's instance sent first (a later heartbeat cannot change it: see
+exporter/collectors/handshake_admission.py). So a bye carrying an `instance_id` read from
+/metrics removes nothing. The token is never exported. A plugin that sends no token (v1,
+or v2 from before it) has its byes accepted as before.
 
 Every field is bounded on the wire (strings, list lengths, numbers past anything vLLM
 produces, no NaN or negative counts): a value out of bounds makes the frame malformed.

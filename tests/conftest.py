@@ -45,6 +45,7 @@ LANES = {
     "test_serve.py": "process",
     "faults/test_engine_killed.py": "process",
     "faults/test_hostile_handshake.py": "process",
+    "faults/test_hostile_handshake_bounds.py": "process",
     "faults/test_hostile_http.py": "process",
     "faults/test_hostile_vllm.py": "process",
     "nvml/test_nvml_check.py": "process",

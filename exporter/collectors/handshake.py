@@ -10,15 +10,11 @@ sends no bye) is marked stale, and removed after the forget window.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import hmac
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import msgspec
 import structlog
@@ -30,6 +26,18 @@ from exporter.capacity import (
     GroupCapacity,
     blocks_for_bytes,
     kind_of_spec_type,
+)
+from exporter.collectors.handshake_admission import (
+    STALE_AFTER_HEARTBEATS,
+    Admission,
+    AdmissionLimits,
+    Claim,
+    Refused,
+)
+from exporter.collectors.handshake_ipc import (
+    prepare_ipc_directory,
+    remove_ipc_file,
+    set_ipc_file_mode,
 )
 from exporter.collectors.kv_events_endpoints import endpoints_from_sources
 from exporter.collectors.registry import CollectorSpec, register_collector
@@ -54,14 +62,28 @@ log = structlog.get_logger("kvcap.handshake")
 NAME = "handshake"
 DEFAULT_ENDPOINT = "ipc:///tmp/kvcap/handshake.sock"
 _POLL_MS = 100
-# The default stale window, in heartbeat intervals of the engine: one lost or late
-# heartbeat is not a dead engine, three in a row are.
-STALE_AFTER_HEARTBEATS = 3
+# Messages handled between two liveness sweeps (and looks at the stop flag) at most.
+_RECEIVE_BATCH = 1000
 # Ten minutes: past KvcapEngineStale's `for: 5m` (so the alert fires and is seen) and past
 # a vLLM restart of a large model (which returns under the same engine index), yet short
 # enough that a dead engine's capacity leaves `sum by` within a few Prometheus windows.
 DEFAULT_FORGET_AFTER_S = 600.0
-DEFAULT_MAX_ENGINES = 1024
+# Data-parallel engines per pod are tens; 256 leaves room and bounds the series (issue 25:
+# 1,024 forged engines of 256 groups each passed 1.5 GiB).
+DEFAULT_MAX_ENGINES = 256
+# One engine heartbeating at the plugin's shortest interval (50 ms) sends 20 a second.
+DEFAULT_MAX_RATE_PER_ENGINE = 20.0
+# vLLM makes a few KV cache groups per model (8 at most among the recorded ones: Gemma 3,
+# Jamba, Qwen3-Next), one per attention kind and layer count ratio.
+DEFAULT_MAX_GROUPS = 32
+# Workers (TP x PP) of one engine: 8 GPUs x 16 pipeline stages is 128; and the devices
+# it sees (CUDA_VISIBLE_DEVICES: a node's GPUs, or MIG instances).
+DEFAULT_MAX_WORKERS = 256
+# Groups, workers and devices over every engine: each is a row of every per-group or
+# per-worker family, or a string in /engines. 64 engines of 8 groups, 8 workers and 8
+# devices use 1,536; 2,048 rows of 256-character model names are a 3 MiB /metrics, a
+# 1.1 MiB /engines served in 0.2 s and 64 MiB peak RSS.
+DEFAULT_MAX_SERIES_ROWS = 2048
 # The most frames a message of the wire contract has (ready v2 with extras).
 MAX_FRAMES = 4
 
@@ -83,18 +105,15 @@ class HandshakeSettings:
     forget_after_s: float = DEFAULT_FORGET_AFTER_S
     # Engines known at once; a ready message for one more is refused.
     max_engines: int = DEFAULT_MAX_ENGINES
+    # Messages per second of one engine, besides the global `max_messages_per_s`.
+    max_messages_per_engine_per_s: float = DEFAULT_MAX_RATE_PER_ENGINE
+    # KV cache groups and workers (and devices) of one engine, and all of them over every
+    # engine.
+    max_groups_per_engine: int = DEFAULT_MAX_GROUPS
+    max_workers_per_engine: int = DEFAULT_MAX_WORKERS
+    max_series_rows: int = DEFAULT_MAX_SERIES_ROWS
     # Mode of the ipc:// socket file: only this user (and root) may connect by default.
     socket_mode: int = 0o600
-
-
-@dataclass(slots=True)
-class HeardFrom:
-    """When the receiver last heard from an engine of a heartbeating (v2) plugin."""
-
-    at_s: float
-    heartbeat_interval_s: float
-    instance_id: str | None
-    stale: bool = False
 
 
 def engine_report(ready: ReadyResponse, extras: ReceivedExtras | None) -> EngineReport:
@@ -158,41 +177,14 @@ def _platform(extras: ReceivedExtras | None) -> str | None:
     return value if isinstance(value, str) and value in PLATFORMS else None
 
 
-class RateGuard:
-    """A token bucket: at most `rate` messages per second, bursts of `rate`."""
-
-    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate = rate
-        self.tokens = rate
-        self.clock = clock
-        self.last = clock()
-
-    def allow(self) -> bool:
-        now = self.clock()
-        self.tokens = min(self.rate, self.tokens + (now - self.last) * self.rate)
-        self.last = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
-
-
-class _Refused(Exception):
-    """A well-formed message that is not applied: (reason, message) for the counters."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
 class HandshakeReceiver:
     """Decodes the messages of one endpoint into engine changes; every outcome is counted.
 
-    It keeps no engines: the state owns them (and logs restarts, once). It keeps only when
-    it last heard from each heartbeating engine, and tells the state when one falls silent,
-    and each engine's bye token. Only well-formed messages are charged to the rate limit
-    (a PULL socket cannot tell its peers apart), so a flood of junk is counted and dropped
-    without crowding out real ready messages; at most `max_engines` engines are known.
+    It keeps no engines: the state owns them (and logs restarts, once). It keeps which
+    instance holds each engine index, with its bye token and when it was last heard
+    (`Admission`), and tells the state when one falls silent. Only well-formed messages
+    are charged to the rate limits (a PULL socket cannot tell its peers apart), so a flood
+    of junk is counted and dropped without crowding out real ready messages.
     """
 
     def __init__(
@@ -206,10 +198,18 @@ class HandshakeReceiver:
         self.sink = sink
         self.settings = settings
         self.clock = clock
-        self.heard: dict[str, HeardFrom] = {}
-        # engine -> the bye token of its last ready message (None: an older plugin's).
-        self.engines: dict[str, str | None] = {}
-        self.guard = RateGuard(settings.max_messages_per_s)
+        self.admission = Admission(
+            AdmissionLimits(
+                max_engines=settings.max_engines,
+                max_messages_per_s=settings.max_messages_per_s,
+                max_messages_per_engine_per_s=settings.max_messages_per_engine_per_s,
+                max_groups_per_engine=settings.max_groups_per_engine,
+                max_workers_per_engine=settings.max_workers_per_engine,
+                max_series_rows=settings.max_series_rows,
+                stale_after_s=settings.stale_after_s,
+            ),
+            clock,
+        )
 
     def handle(self, frames: list[bytes]) -> None:
         reason, message = self._apply(frames)
@@ -235,76 +235,65 @@ class HandshakeReceiver:
             apply(frames)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as error:
             return "malformed_frame", str(error)[:200] or type(error).__name__
-        except _Refused as refused:
+        except Refused as refused:
             return refused.reason, str(refused)
         return None, ""
-
-    def _admit(self, engine: str) -> None:
-        """Charge the rate limit for a well-formed message; refuse one engine too many."""
-        if not self.guard.allow():
-            raise _Refused("rate_limited", "more messages than --handshake.max-rate")
-        if engine not in self.engines and len(self.engines) >= self.settings.max_engines:
-            raise _Refused(
-                "too_many_engines", f"more than {self.settings.max_engines} engines known"
-            )
 
     def _ready(self, frames: list[bytes]) -> None:
         """v1, the previous plugin: sent once, so the engine has no liveness but its bye."""
         ready = decode_ready(frames[1])
         extras = decode_extras(frames[2]) if len(frames) == 3 else None
-        report = engine_report(ready, extras)
-        self._admit(report.engine)
-        self.heard.pop(report.engine, None)
-        self.engines[report.engine] = None
-        self.sink.update_engine(NAME, self.endpoint, report)
+        self._claim(ready, extras, None, None)
 
     def _ready_v2(self, frames: list[bytes]) -> None:
         """v2: the ready response again every heartbeat interval."""
         ready = decode_ready(frames[1])
         heartbeat = decode_heartbeat(frames[2])
         extras = decode_extras(frames[3]) if len(frames) == 4 else None
-        report = engine_report(ready, extras)
-        self._admit(report.engine)
-        self.heard[report.engine] = HeardFrom(
-            self.clock(), heartbeat.interval_s, report.instance_id
+        self._claim(ready, extras, heartbeat.interval_s, heartbeat.bye_token)
+
+    def _claim(
+        self,
+        ready: ReadyResponse,
+        extras: ReceivedExtras | None,
+        interval_s: float | None,
+        bye_token: str | None,
+    ) -> None:
+        engine = str(ready.data_parallel_rank)
+        claim = Claim(
+            engine=engine,
+            instance_id=ready.instance_id,
+            bye_token=bye_token,
+            interval_s=interval_s,
+            groups=len(extras.groups) if extras else 0,
+            workers=len(extras.bytes_per_block_per_worker) if extras else 0,
+            devices=len(extras.devices) if extras else 0,
         )
-        self.engines[report.engine] = heartbeat.bye_token
-        self.sink.update_engine(NAME, self.endpoint, report)
+        # Admitted before the report is built: a refused message costs no GPU mapping.
+        self.admission.admit_ready(claim)
+        self.sink.update_engine(NAME, self.endpoint, engine_report(ready, extras))
 
     def _bye(self, frames: list[bytes]) -> None:
         bye = decode_bye(frames[1])
         engine = str(bye.engine_index)
-        self._admit(engine)
-        token = self.engines.get(engine)
-        # An engine whose plugin sent a token leaves only on a bye that repeats it.
-        if token is not None and not hmac.compare_digest(
-            token.encode(), (bye.bye_token or "").encode()
-        ):
-            raise _Refused("bye_refused", f"a bye for engine {engine} without its token")
-        heard = self.heard.get(engine)
-        if heard is not None and heard.instance_id == bye.instance_id:
-            del self.heard[engine]
-        if heard is None or heard.instance_id == bye.instance_id:
-            self.engines.pop(engine, None)
+        self.admission.admit_bye(engine, bye.instance_id, bye.bye_token)
         self.sink.remove_engine(NAME, self.endpoint, engine, bye.instance_id)
 
     def sweep(self) -> None:
         """Apply the liveness windows now: an engine silent past the stale window is marked
         stale in the state, one silent past the forget window removed from it."""
         now = self.clock()
-        for engine, heard in list(self.heard.items()):
-            silent_s = now - heard.at_s
+        for engine, held in list(self.admission.held.items()):
+            if held.interval_s is None:
+                continue  # a v1 plugin's engine: no heartbeat, no liveness
+            silent_s = now - held.heard_at_s
             if silent_s > self.settings.forget_after_s:
-                del self.heard[engine]
-                self.engines.pop(engine, None)
-                self.sink.remove_engine(NAME, self.endpoint, engine, heard.instance_id)
+                self.admission.forget(engine)
+                self.sink.remove_engine(NAME, self.endpoint, engine, held.instance_id)
                 continue
-            stale_after_s = self.settings.stale_after_s or (
-                STALE_AFTER_HEARTBEATS * heard.heartbeat_interval_s
-            )
-            if silent_s > stale_after_s and not heard.stale:
-                heard.stale = True
-                self.sink.mark_engine_stale(NAME, self.endpoint, engine, heard.instance_id)
+            if silent_s > self.admission.stale_window_s(held) and not held.stale:
+                held.stale = True
+                self.sink.mark_engine_stale(NAME, self.endpoint, engine, held.instance_id)
 
 
 class HandshakeCollector:
@@ -326,7 +315,7 @@ class HandshakeCollector:
 
     def start(self, sink: StateSink) -> None:
         endpoint = self.settings.endpoint
-        _prepare_ipc_directory(endpoint)
+        prepare_ipc_directory(endpoint)
         socket = self._context.socket(zmq.PULL)
         socket.setsockopt(zmq.RCVHWM, self.settings.receive_hwm)
         # ZMQ drops the connection of a peer that sends a larger message.
@@ -339,7 +328,7 @@ class HandshakeCollector:
         umask = os.umask(0o077)
         try:
             socket.bind(endpoint)
-            _set_ipc_file_mode(endpoint, self.settings.socket_mode)
+            set_ipc_file_mode(endpoint, self.settings.socket_mode)
         except (zmq.ZMQError, OSError) as error:
             socket.close()
             raise ConfigError(f"--handshake.listen {endpoint}: {error}") from None
@@ -366,10 +355,14 @@ class HandshakeCollector:
             self.sweeps += 1
 
     def _receive_all(self) -> bool:
-        """Handle every queued message; False when the socket is gone."""
+        """Handle the queued messages, at most a batch of them; False when the socket is
+        gone. A peer that sends faster than they are handled must not keep the thread from
+        its liveness sweep and its stop flag."""
         assert self._socket is not None
         assert self.receiver is not None
-        while True:
+        for _ in range(_RECEIVE_BATCH):
+            if self._stop.is_set():
+                return True
             try:
                 frames, count = _receive_frames(self._socket, self.settings.max_frame_bytes)
             except zmq.Again:
@@ -382,6 +375,7 @@ class HandshakeCollector:
                 )
             else:
                 self.receiver.handle(frames)
+        return True
 
     def stop(self, timeout_s: float) -> None:
         self._stop.set()
@@ -389,7 +383,7 @@ class HandshakeCollector:
             self._thread.join(timeout_s)
         if self._socket is not None:
             self._socket.close(linger=0)
-            _remove_ipc_file(self.settings.endpoint)
+            remove_ipc_file(self.settings.endpoint)
         self._context.term()
 
 
@@ -411,49 +405,6 @@ def _receive_frames(socket: zmq.Socket[bytes], max_frame_bytes: int) -> tuple[li
         frame = socket.recv(copy=False)  # the rest of a message arrives with its first frame
 
 
-def _prepare_ipc_directory(endpoint: str) -> None:
-    """An ipc:// path's directory is created private (0700) when it does not exist; one that
-    exists must be this user's and writable by no one else, or whoever can write there
-    could replace the socket and read the ready messages, or push engines of their own.
-    A mount point (a volume) is accepted as it is."""
-    if not endpoint.startswith("ipc://"):
-        return
-    path = Path(endpoint.removeprefix("ipc://"))
-    try:
-        if not path.parent.exists():
-            path.parent.mkdir(mode=0o700, parents=True)
-        _check_private(path.parent)
-        if path.is_socket():
-            os.unlink(path)  # a stale socket file from a previous run
-    except OSError as error:  # read-only, or a file where a directory should be
-        raise ConfigError(f"--handshake.listen {endpoint}: {error}") from None
-
-
-def _check_private(folder: Path) -> None:
-    info = folder.lstat()
-    if stat.S_ISLNK(info.st_mode):
-        raise ConfigError(f"--handshake.listen: {folder} is a symbolic link; use a real folder")
-    if os.path.ismount(folder):
-        # A volume mounted there (a Kubernetes emptyDir: root's, mode 0777) was given to
-        # the pod's containers by whoever set the pod up; no other user can see it.
-        return
-    if info.st_uid != os.geteuid():
-        raise ConfigError(
-            f"--handshake.listen: {folder} belongs to uid {info.st_uid}, not to this user "
-            f"(uid {os.geteuid()}); remove it or use a folder of this user's"
-        )
-    if info.st_mode & 0o022:
-        raise ConfigError(
-            f"--handshake.listen: {folder} is writable by group or others "
-            f"(mode {stat.S_IMODE(info.st_mode):04o}); chmod go-w it or use another folder"
-        )
-
-
-def _set_ipc_file_mode(endpoint: str, mode: int) -> None:
-    if endpoint.startswith("ipc://"):
-        os.chmod(endpoint.removeprefix("ipc://"), mode)
-
-
 def _socket_mode(text: str) -> int:
     try:
         mode = int(text, 8)
@@ -466,20 +417,11 @@ def _socket_mode(text: str) -> int:
     return mode
 
 
-def _remove_ipc_file(endpoint: str) -> None:
-    """The socket file goes with the socket, so no plugin pushes into a path nobody reads."""
-    if not endpoint.startswith("ipc://"):
-        return
-    path = Path(endpoint.removeprefix("ipc://"))
-    with contextlib.suppress(OSError):  # gone already, or the folder went with it
-        if path.is_socket():
-            path.unlink()
-
-
 def _add_arguments(group: FlagGroup) -> None:
-    # Two helpers, in help order: the socket and what it accepts, then the engines' lifetime.
+    # In help order: the socket and what it accepts, the engines' lifetime, their budget.
     _add_socket_arguments(group)
     _add_engine_arguments(group)
+    _add_budget_arguments(group)
 
 
 def _add_socket_arguments(group: FlagGroup) -> None:
@@ -535,6 +477,18 @@ def _add_engine_arguments(group: FlagGroup) -> None:
         "0660 also lets a vLLM of the same group in)",
     )
     group.add(
+        "--handshake.forget-after",
+        metavar="DURATION",
+        type=duration,
+        default=DEFAULT_FORGET_AFTER_S,
+        default_text=f"{DEFAULT_FORGET_AFTER_S:g}s",
+        help="time without a heartbeat after which an engine is removed",
+    )
+
+
+def _add_budget_arguments(group: FlagGroup) -> None:
+    """How many engines, groups and workers are kept, and how fast one engine may talk."""
+    group.add(
         "--handshake.max-engines",
         metavar="N",
         type=positive_int,
@@ -542,12 +496,36 @@ def _add_engine_arguments(group: FlagGroup) -> None:
         help="most engines known at once",
     )
     group.add(
-        "--handshake.forget-after",
-        metavar="DURATION",
-        type=duration,
-        default=DEFAULT_FORGET_AFTER_S,
-        default_text=f"{DEFAULT_FORGET_AFTER_S:g}s",
-        help="time without a heartbeat after which an engine is removed",
+        "--handshake.max-rate-per-engine",
+        metavar="PER_SECOND",
+        type=positive_number,
+        default=DEFAULT_MAX_RATE_PER_ENGINE,
+        default_text=f"{DEFAULT_MAX_RATE_PER_ENGINE:g}",
+        help="messages per second of one engine accepted before dropping",
+    )
+    group.add(
+        "--handshake.max-groups",
+        metavar="N",
+        type=positive_int,
+        default=DEFAULT_MAX_GROUPS,
+        help="most KV cache groups of one engine; an engine with more is refused",
+    )
+    group.add(
+        "--handshake.max-workers",
+        metavar="N",
+        type=positive_int,
+        default=DEFAULT_MAX_WORKERS,
+        help="most workers (TP x PP), and most devices it sees, of one engine; an engine "
+        "with more is refused",
+    )
+    group.add(
+        "--handshake.max-series-rows",
+        metavar="N",
+        type=positive_int,
+        default=DEFAULT_MAX_SERIES_ROWS,
+        help="most KV cache groups, workers and devices over all engines (each a row of "
+        "every per-group or per-worker family, or a string in /engines); an engine past it "
+        "is refused",
     )
 
 
@@ -569,6 +547,10 @@ def _build(args: argparse.Namespace) -> HandshakeCollector:
             stale_after_s=stale_after,
             forget_after_s=forget_after,
             max_engines=args.handshake_max_engines,
+            max_messages_per_engine_per_s=args.handshake_max_rate_per_engine,
+            max_groups_per_engine=args.handshake_max_groups,
+            max_workers_per_engine=args.handshake_max_workers,
+            max_series_rows=args.handshake_max_series_rows,
             socket_mode=args.handshake_socket_mode,
         )
     )

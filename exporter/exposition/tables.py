@@ -403,6 +403,29 @@ ERRORS: Table[tuple[tuple[str, str], int]] = Table(
 )
 
 
+RESTARTS: Table[tuple[EngineView, int]] = Table(
+    ENGINE_LABELS,
+    lambda r: (r[0].engine, r[0].model_name),
+    (
+        Column(
+            "kvcap_engine_restarts",
+            "Restarts of the engine kvcap noticed since it started (a new instance_id; where "
+            "none is known, a new block count).",
+            lambda r: r[1],
+            kind="counter",
+        ),
+    ),
+)
+
+
+def restart_rows(snapshot: Snapshot) -> list[tuple[EngineView, int]]:
+    """The engines shown that restarted: the series follow the engines, not every index
+    a peer ever named."""
+    return [
+        (v, snapshot.restarts[v.engine]) for v in snapshot.engines if v.engine in snapshot.restarts
+    ]
+
+
 def worker_rows(row: EngineRow) -> Iterable[WorkerRow]:
     gpu_of = {gpu.worker: gpu for gpu in row.gpus}
     for worker, size in enumerate(row.view.capacity.kv_cache_bytes_per_worker):
@@ -493,6 +516,7 @@ SNAPSHOT_TABLES: tuple[tuple[Table[Any], Callable[[Snapshot], Iterable[Any]]], .
     (BUILD, lambda snapshot: (None,)),
     (COLLECTOR_TARGET, lambda snapshot: snapshot.collectors),
     (COLLECTOR, lambda snapshot: collector_rows(snapshot.collectors)),
+    (RESTARTS, restart_rows),
     (ERRORS, lambda snapshot: sorted(snapshot.errors.items())),
 )
 

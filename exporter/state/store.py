@@ -12,6 +12,7 @@ from typing import Protocol
 import structlog
 
 from exporter.state.gpus import headroom_tokens, map_engine_gpus
+from exporter.state.log_limit import LogLimit
 from exporter.state.records import EngineReport, GpuReport, ResidencyView, engine_sort_key
 from exporter.state.snapshot import (
     EMPTY,
@@ -122,6 +123,9 @@ class StateStore:
         self._snapshot = EMPTY
         self._merged: dict[str, tuple[tuple[Sighting, ...], EngineView]] = {}
         self._listeners: list[Callable[[], None]] = []
+        # Engine changes are logged a few lines per event and interval (a forged restart
+        # storm is one summary line, not hundreds a second).
+        self._log_limit = LogLimit()
 
     def snapshot(self) -> Snapshot:
         return self._snapshot
@@ -172,7 +176,9 @@ class StateStore:
             entry = self._target(collector, target)
             was = entry.engines.get(report.engine)
             if was is not None and was.stale:
-                log.info("engine_heard_again", collector=collector, engine=report.engine)
+                self._log_limit.emit(
+                    log.info, "engine_heard_again", collector=collector, engine=report.engine
+                )
             entry.engines[report.engine] = _Heard(report, now)
             self._rebuild(collector)
 
@@ -202,7 +208,8 @@ class StateStore:
                 return
             if heard.stale:
                 return
-            log.warning(
+            self._log_limit.emit(
+                log.warning,
                 "engine_stale",
                 collector=collector,
                 engine=engine,
@@ -367,7 +374,10 @@ class StateStore:
         engines = self._snapshot.engines
         if engines_changed:
             engines = self._views()
-            for engine in _log_changes(collector, self._snapshot.engines, engines, self._departed):
+            changes = _log_changes(
+                collector, self._snapshot.engines, engines, self._departed, self._log_limit
+            )
+            for engine in changes:
                 self._restarts[engine] = self._restarts.pop(engine, 0) + 1
                 if len(self._restarts) > _MAX_DEPARTED:
                     del self._restarts[next(iter(self._restarts))]  # the longest quiet
@@ -397,6 +407,7 @@ def _log_changes(
     before: Sequence[EngineView],
     after: Sequence[EngineView],
     departed: dict[str, str],
+    limit: LogLimit,
 ) -> list[str]:
     """One line per engine that appeared, restarted or vanished, over all collectors; the
     engines that restarted (the one place a restart is noticed)."""
@@ -407,10 +418,17 @@ def _log_changes(
         was = old.get(engine)
         left = departed.pop(engine, None)
         if was is None and (left is None or view.instance_id in (None, left)):
-            log.info("engine_added", collector=collector, engine=engine, model_name=view.model_name)
+            limit.emit(
+                log.info,
+                "engine_added",
+                collector=collector,
+                engine=engine,
+                model_name=view.model_name,
+            )
         elif was is None or _restarted(was, view):
             restarted.append(engine)
-            log.info(
+            limit.emit(
+                log.info,
                 "engine_restarted",
                 collector=collector,
                 engine=engine,
@@ -429,7 +447,7 @@ def _log_changes(
                     source=mismatch.source,
                 )
     for engine in old.keys() - new.keys():
-        log.info("engine_vanished", collector=collector, engine=engine)
+        limit.emit(log.info, "engine_vanished", collector=collector, engine=engine)
         instance_id = old[engine].instance_id
         if instance_id is not None:
             departed[engine] = instance_id

@@ -253,7 +253,7 @@ def test_a_message_of_150_frames_is_dropped_frame_by_frame(listener: Listener) -
 
 
 def test_forged_engines_stop_at_max_engines(tmp_path: Path) -> None:
-    assert DEFAULT_MAX_ENGINES == 1024
+    assert DEFAULT_MAX_ENGINES == 256
     endpoint = f"ipc://{tmp_path}/kvcap/handshake.sock"
     with Listener(endpoint, max_engines=16, max_messages_per_s=10_000.0) as listener:
         for rank in range(40):

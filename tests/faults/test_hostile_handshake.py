@@ -27,9 +27,9 @@ def long_names(push: zmq.Socket[bytes]) -> None:
         )
 
 
-# The red team sent 3,000 against the default --handshake.max-engines of 1,024; that run
-# takes a minute on 2 cores (docs/reliability.md has its figures), this one the same
-# attack at a quarter of the scale.
+# The red team sent 3,000 against the --handshake.max-engines default of then, 1,024; that
+# run takes a minute on 2 cores (docs/reliability.md has its figures), this one the same
+# attack at a quarter of the scale, against today's default (256).
 FORGED, MAX_ENGINES = 750, 256
 
 

@@ -153,6 +153,11 @@ def check_state(store: StateStore) -> None:
         "malformed_frame",
         "frame_too_large",
         "rate_limited",
+        # The admission's refusals: the fuzz names engines and instances at random.
+        "engine_rate_limited",
+        "instance_conflict",
+        "token_mismatch",
+        "bye_refused",
     }
     for view in snapshot.engines:
         assert view.engine == str(int(view.engine))
