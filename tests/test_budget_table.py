@@ -86,7 +86,7 @@ def test_every_cell_counted_names_a_counter_kvcap_has() -> None:
 
 # Where the source passes a reason: (call name, argument position), a keyword `reason=`,
 # a parameter `reason` with a default, and what a function named *_reason returns.
-COLLECTOR_CALLS = {"FetchError": 0, "_Refused": 0, "CollectorError": 0, "_failed": 0}
+COLLECTOR_CALLS = {"FetchError": 0, "Refused": 0, "CollectorError": 0, "_failed": 0}
 SINK_CALLS = {"fail": 2, "reject": 2}
 WEB_CALLS = {"_refuse": 1, "BadHead": 1}
 
@@ -192,7 +192,7 @@ def test_the_source_scan_finds_the_reasons_it_is_meant_to() -> None:
         ("collector", "too_many_samples"),  # reason="..."
         ("collector", "malformed_exposition"),  # a parameter's default
         ("collector", "unknown_topic"),  # HandshakeReceiver._apply
-        ("collector", "rate_limited"),  # _Refused("...")
+        ("collector", "rate_limited"),  # Refused("...")
         ("collector", "gpu_lost"),  # error_reason
         ("collector", "disconnected"),  # sink.fail(NAME, target, "...")
         ("collector", "malformed_batch"),  # sink.reject(NAME, target, "...")
