@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 
+from exporter.bounded_files import FileRefused, read_vllm_config
 from exporter.capacity import PLATFORMS
 from exporter.collectors.http_fetch import Fetcher, FetchError, fetch
 from exporter.collectors.kv_events_endpoints import endpoints_from_sources
@@ -27,6 +28,7 @@ from exporter.collectors.vllm_http_reports import (
     cached_deriver,
     read_server,
     served_model,
+    settings_refused,
     unreadable_config_deriver,
 )
 from exporter.errors import ConfigError, KvcapError, UsageError
@@ -138,6 +140,7 @@ class ServerPoller:
         self._model_config: ModelConfigRead | None = None
         self._warned: set[str] = set()  # problems logged and still present: logged once
         self._version: Mapping[str, Any] | None = None  # the last /version that answered
+        self._command_lines = CommandLines()  # of the vLLM processes in /proc
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -234,7 +237,16 @@ class ServerPoller:
         return document if isinstance(document, Mapping) else None
 
     def serve_args(self) -> VllmServeArgs | None:
-        return self.settings.serve_args or discover_serve_args(port=_url_port(self.url))
+        if self.settings.serve_args is not None:
+            return self.settings.serve_args
+        found = discover_serve_args(port=_url_port(self.url), command_lines=self._command_lines)
+        for refusal in self._command_lines.refused:
+            # Once per version of the file: the engines are reported, not derived. The
+            # rejection is the one log line; each engine's derivation error says it again.
+            self.sink.reject(NAME, self.url, refusal.reason, str(refusal))
+            self._warned.add(settings_refused(str(refusal)))
+        self._command_lines.refused.clear()
+        return found
 
     def max_engines(self, args: VllmServeArgs | None) -> int:
         """--vllm.max-engines, else the --data-parallel-size of --vllm.args, else 256.
@@ -311,6 +323,10 @@ class ServerPoller:
         # the version again, so the next poll reads the file once more.
         try:
             config = load_model_config(path)
+        except FileRefused as error:  # read once per version of the file: counted once
+            self.sink.reject(NAME, self.url, error.reason, str(error))
+            self._warned.add(str(error))  # the rejection is its log line
+            return ModelConfigRead(path, version, unreadable_config_deriver(str(error)))
         except ConfigError as error:
             self._warn_once("model_config_unreadable", str(error), path=str(path))
             return ModelConfigRead(path, version, unreadable_config_deriver(str(error)))
@@ -330,14 +346,17 @@ class ServerPoller:
 
 
 def discover_serve_args(
-    proc: Path = Path("/proc"), port: int | None = None
+    proc: Path = Path("/proc"),
+    port: int | None = None,
+    command_lines: CommandLines | None = None,
 ) -> VllmServeArgs | None:
     """The `vllm serve` command line of a process in a shared process namespace, if any.
 
     With `port`, the server listening there (`--port`, vLLM's default 8000); where no
     command line names it, the only vLLM there is (a proxy or port mapping in between), and
-    none when there are several: another server's settings would derive wrong figures."""
-    found = list(_vllm_command_lines(proc))
+    none when there are several: another server's settings would derive wrong figures.
+    `command_lines` keeps what was parsed (and the --config files read) between calls."""
+    found = list(_vllm_command_lines(proc, command_lines or CommandLines()))
     if port is None or not found:
         return found[0][1] if found else None
     on_port = [args for listening, args in found if listening == port]
@@ -394,24 +413,64 @@ def _vllm_processes(proc: Path) -> Iterator[tuple[int | None, Path, list[str]]]:
             yield _listening_port(words), entry, words
 
 
-def _vllm_command_lines(proc: Path) -> Iterator[tuple[int | None, VllmServeArgs]]:
+def _vllm_command_lines(
+    proc: Path, command_lines: CommandLines
+) -> Iterator[tuple[int | None, VllmServeArgs]]:
     """The port and parsed command line of every vLLM API server in /proc, lowest PID
     first."""
     for listening, entry, words in _vllm_processes(proc):
-        args = _parse_command_line(words, entry)
+        args = command_lines.parse(words, entry)
         if args is not None:
             yield listening, args
+    command_lines.forget_unseen()
 
 
-def _parse_command_line(words: list[str], entry: Path) -> VllmServeArgs | None:
-    """A vLLM process's arguments, its --config file read as the process sees it (its root,
-    its working folder); the command line alone where the file cannot be read from here."""
-    for read_config in (_process_file_reader(entry), None):
+class CommandLines:
+    """Each vLLM process's parsed command line, kept while its argv and its --config file's
+    version (os.stat: device, inode, size, times) stay the same: a poll reads the file
+    once per change, not once per poll. Refusals of a file wait in `refused` until the
+    poller counts them, once per version of the file."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[str, tuple[object, VllmServeArgs | None]] = {}
+        self._seen: set[str] = set()
+        self.refused: list[FileRefused] = []
+
+    def parse(self, words: list[str], entry: Path) -> VllmServeArgs | None:
+        self._seen.add(entry.name)
         try:
-            return parse_vllm_serve_args(words, read_config=read_config)
+            plain = parse_vllm_serve_args(words)
         except KvcapError:
-            continue
-    return None
+            return None
+        if plain.config_file is None:
+            return plain
+        key = (tuple(words), file_version(_path_in(entry, plain.config_file)))
+        known = self._parsed.get(entry.name)
+        if known is not None and known[0] == key:
+            return known[1]
+        args = self._with_config_file(words, entry, plain)
+        self._parsed[entry.name] = (key, args)
+        return args
+
+    def _with_config_file(
+        self, words: list[str], entry: Path, plain: VllmServeArgs
+    ) -> VllmServeArgs:
+        """The arguments with the --config file read as the process sees it (its root,
+        its working folder); the command line alone where the file cannot be read from
+        here; marked `config_refused` where it is past a bound."""
+        try:
+            return parse_vllm_serve_args(words, read_config=_process_file_reader(entry))
+        except FileRefused as error:
+            self.refused.append(error)
+            return replace(plain, config_refused=str(error))
+        except KvcapError:
+            return plain
+
+    def forget_unseen(self) -> None:
+        """Drop the processes not seen since the last call (they ended)."""
+        for name in set(self._parsed) - self._seen:
+            del self._parsed[name]
+        self._seen.clear()
 
 
 def _listening_port(words: list[str]) -> int | None:
@@ -435,14 +494,14 @@ def _url_port(url: str) -> int | None:
         return None
 
 
-def _read_text(path: str) -> str:
-    return Path(path).read_text(encoding="utf-8")
+def _path_in(entry: Path, path: str) -> Path:
+    """Where a path a process names is, seen from here: under its root or its folder."""
+    return entry / "root" / path.lstrip("/") if path.startswith("/") else entry / "cwd" / path
 
 
 def _process_file_reader(entry: Path) -> Callable[[str], str]:
     def read(path: str) -> str:
-        where = entry / "root" / path.lstrip("/") if path.startswith("/") else entry / "cwd" / path
-        return where.read_text(encoding="utf-8")
+        return read_vllm_config(_path_in(entry, path))
 
     return read
 
@@ -567,7 +626,9 @@ def _build(args: argparse.Namespace) -> VllmHttpCollector | None:
     if not args.vllm_url:
         return None
     serve_args = (
-        parse_vllm_serve_args(args.vllm_args, read_config=_read_text) if args.vllm_args else None
+        parse_vllm_serve_args(args.vllm_args, read_config=read_vllm_config)
+        if args.vllm_args
+        else None
     )
     interval = args.vllm_poll_interval
     stale_after = args.vllm_stale_after if args.vllm_stale_after is not None else 3 * interval
