@@ -18,6 +18,7 @@ from exporter.collectors import (
     discover_serve_args,
     fetch,
     vllm_http,
+    vllm_processes,
 )
 from exporter.collectors.parsing import parse_vllm_serve_args
 from exporter.demo import simulated_deployment
@@ -99,13 +100,13 @@ def test_the_hf_cache_variables_of_the_vllm_process_are_read_from_proc(tmp_path:
     entry = _fake_vllm_process(proc, 17, vllm, env)
     _fake_vllm_process(proc, 18, ["vllm", "serve", "other", "--port", "9000"], {"HF_HOME": "/b"})
     # Only the cache's variables, of the server on the sidecar's port.
-    assert vllm_http.discover_hf_environ(proc, 8000) == {"HF_HOME": "/models/huggingface"}
-    assert vllm_http.discover_hf_environ(proc, 9000) == {"HF_HOME": "/b"}
-    assert vllm_http.discover_hf_environ(proc, 7000) == {}  # two servers, none on the port
+    assert vllm_processes.discover_hf_environ(proc, 8000) == {"HF_HOME": "/models/huggingface"}
+    assert vllm_processes.discover_hf_environ(proc, 9000) == {"HF_HOME": "/b"}
+    assert vllm_processes.discover_hf_environ(proc, 7000) == {}  # two servers, none on the port
     # Another user's process: its environment cannot be read, and nothing is made up.
     (entry / "environ").unlink()
     (entry / "environ").mkdir()
-    assert vllm_http.discover_hf_environ(proc, 8000) == {}
+    assert vllm_processes.discover_hf_environ(proc, 8000) == {}
 
 
 def test_a_hugging_face_id_found_through_the_vllm_process_environment(
@@ -123,7 +124,7 @@ def test_a_hugging_face_id_found_through_the_vllm_process_environment(
     port = int(url.rpartition(":")[2])
     argv = ["vllm", "serve", "google/gemma-3-27b-it", "--port", str(port)]
     _fake_vllm_process(proc, 17, argv, {"HF_HOME": str(home)})
-    real = vllm_http.discover_hf_environ
+    real = vllm_processes.discover_hf_environ
     monkeypatch.setattr(vllm_http, "discover_hf_environ", lambda port: real(proc, port))
     views = _polled_once(simulation, url)
     assert [v.derivation_error for v in views] == [None, None]
@@ -170,9 +171,9 @@ def test_a_hostile_proc_environ_is_read_within_its_bound(tmp_path: Path) -> None
     entry = _fake_vllm_process(proc, 17, ["vllm", "serve", "m"], {})
     huge = b"A" * (3 * 2**20) + b"\0HF_HOME=/far\0"
     (entry / "environ").write_bytes(huge)
-    assert vllm_http.discover_hf_environ(proc, 8000) == {}
+    assert vllm_processes.discover_hf_environ(proc, 8000) == {}
     (entry / "environ").write_bytes(b"\xff\xfe=\x00HF_HOME=/m\xffodels\0HF_HUB_CACHE=\0")
-    assert vllm_http.discover_hf_environ(proc, 8000) == {"HF_HOME": "/m\ufffdodels"}
+    assert vllm_processes.discover_hf_environ(proc, 8000) == {"HF_HOME": "/m\ufffdodels"}
 
 
 def _cache_gemma(hub: Path, local: SimulatedVllm) -> None:
