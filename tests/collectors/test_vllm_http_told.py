@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from exporter.demo.simulated_vllm import SimulatedVllm
 from exporter.errors import ConfigError
 from exporter.flags import Flags
 from exporter.state import EngineView, StateStore
+from tests.test_bounded_files import BILLION_LAUGHS
 from tests.test_hf_cache import add_snapshot, set_ref
 
 COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
@@ -65,6 +67,69 @@ def test_a_proc_command_line_reads_its_config_file_from_the_process_root(tmp_pat
     alone = discover_serve_args(proc)
     assert alone is not None
     assert (alone.model, alone.max_model_len) == ("/models/x", None)
+
+
+def test_a_config_file_is_read_once_per_change_not_once_a_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc = tmp_path / "proc"
+    entry = proc / "4242"
+    (entry / "root" / "etc").mkdir(parents=True)
+    config = entry / "root" / "etc" / "vllm.yaml"
+    config.write_text("max-model-len: 8192\n")
+    argv = ["vllm", "serve", "/models/x", "--config", "/etc/vllm.yaml"]
+    (entry / "cmdline").write_bytes(b"\0".join(w.encode() for w in argv) + b"\0")
+    reads: list[str] = []
+    real = vllm_processes.read_vllm_config
+    monkeypatch.setattr(
+        vllm_processes, "read_vllm_config", lambda path: reads.append(str(path)) or real(path)
+    )
+    command_lines = vllm_processes.CommandLines()
+    lengths = [
+        getattr(discover_serve_args(proc, command_lines=command_lines), "max_model_len", None)
+        for _ in range(5)
+    ]
+    assert (lengths, len(reads)) == ([8192] * 5, 1)
+    replacement = config.with_name("vllm.yaml.new")
+    replacement.write_text("max-model-len: 4096\n")
+    replacement.rename(config)  # a new inode: a new version
+    found = discover_serve_args(proc, command_lines=command_lines)
+    assert (getattr(found, "max_model_len", None), len(reads)) == (4096, 2)
+    # Another process (or the same PID with a new command line) is parsed afresh.
+    (entry / "cmdline").write_bytes(b"\0".join(w.encode() for w in [*argv, "-tp", "2"]) + b"\0")
+    found = discover_serve_args(proc, command_lines=command_lines)
+    assert (getattr(found, "tensor_parallel_size", None), len(reads)) == (2, 3)
+    assert command_lines.refused == []
+
+
+def test_a_config_file_past_its_bounds_marks_the_settings_refused_once(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    entry = proc / "4242"
+    (entry / "root" / "etc").mkdir(parents=True)
+    os.mkfifo(entry / "root" / "etc" / "vllm.yaml")  # no writer ever comes
+    argv = ["vllm", "serve", "/models/x", "--config", "/etc/vllm.yaml", "-tp", "2"]
+    (entry / "cmdline").write_bytes(b"\0".join(w.encode() for w in argv) + b"\0")
+    command_lines = vllm_processes.CommandLines()
+    for _ in range(3):
+        found = discover_serve_args(proc, command_lines=command_lines)
+        assert found is not None
+        assert found.tensor_parallel_size == 2  # the command line is still known
+        assert found.config_refused == (
+            "--config /etc/vllm.yaml: a FIFO, not a regular file (kvcap reads only those)"
+        )
+    assert [(r.reason, str(r)) for r in command_lines.refused] == [
+        ("file_not_regular", found.config_refused)
+    ]
+
+
+def test_vllm_args_naming_a_hostile_config_file_stop_the_start_in_one_line(
+    tmp_path: Path,
+) -> None:
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(BILLION_LAUGHS)
+    for path, why in [(bomb, "YAML aliases"), (Path("/dev/zero"), "a character device")]:
+        with pytest.raises(ConfigError, match=f"--config {path}: {why}"):
+            built("--vllm.args", f"/models/gemma --config {path}")
 
 
 def test_a_hugging_face_id_is_derived_from_the_hf_cache(
