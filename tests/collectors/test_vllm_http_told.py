@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import structlog.testing
 
+from exporter.bounded_files import read_vllm_config
 from exporter.cli import CommandLineParser
 from exporter.collectors import (
     ServerPoller,
@@ -80,10 +81,12 @@ def test_a_config_file_is_read_once_per_change_not_once_a_poll(
     argv = ["vllm", "serve", "/models/x", "--config", "/etc/vllm.yaml"]
     (entry / "cmdline").write_bytes(b"\0".join(w.encode() for w in argv) + b"\0")
     reads: list[str] = []
-    real = vllm_processes.read_vllm_config
-    monkeypatch.setattr(
-        vllm_processes, "read_vllm_config", lambda path: reads.append(str(path)) or real(path)
-    )
+
+    def counted(path: str) -> str:
+        reads.append(path)
+        return read_vllm_config(path)
+
+    monkeypatch.setattr(vllm_processes, "read_vllm_config", counted)
     command_lines = vllm_processes.CommandLines()
     lengths = [
         getattr(discover_serve_args(proc, command_lines=command_lines), "max_model_len", None)
@@ -110,16 +113,13 @@ def test_a_config_file_past_its_bounds_marks_the_settings_refused_once(tmp_path:
     argv = ["vllm", "serve", "/models/x", "--config", "/etc/vllm.yaml", "-tp", "2"]
     (entry / "cmdline").write_bytes(b"\0".join(w.encode() for w in argv) + b"\0")
     command_lines = vllm_processes.CommandLines()
+    why = "--config /etc/vllm.yaml: a FIFO, not a regular file (kvcap reads only those)"
     for _ in range(3):
         found = discover_serve_args(proc, command_lines=command_lines)
         assert found is not None
         assert found.tensor_parallel_size == 2  # the command line is still known
-        assert found.config_refused == (
-            "--config /etc/vllm.yaml: a FIFO, not a regular file (kvcap reads only those)"
-        )
-    assert [(r.reason, str(r)) for r in command_lines.refused] == [
-        ("file_not_regular", found.config_refused)
-    ]
+        assert found.config_refused == why
+    assert [(r.reason, str(r)) for r in command_lines.refused] == [("file_not_regular", why)]
 
 
 def test_vllm_args_naming_a_hostile_config_file_stop_the_start_in_one_line(
