@@ -127,3 +127,41 @@ def test_a_config_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
         time.sleep(1.0)
         engines = scrape(target, "/engines").body.decode()
     assert "engine settings unknown" not in engines
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"), [("fifo", "file_not_regular"), ("sparse-1gib", "file_too_large")]
+)
+def test_a_hostile_model_config_json_is_one_counted_refusal(
+    tmp_path: Path, kind: str, reason: str
+) -> None:
+    """`--model.config` (a shared volume vLLM's side may write to) a FIFO or 1 GiB."""
+    config = tmp_path / "config.json"
+    if kind == "fifo":
+        os.mkfifo(config)
+    else:
+        with config.open("wb") as handle:
+            handle.truncate(2**30)
+    with (
+        stand_in(metrics_only(GEMMA.read_bytes())) as (url, _),
+        daemon(
+            "--collector.vllm_http",
+            f"--vllm.url={url}",
+            "--vllm.poll-interval=0.25",
+            f"--model.config={config}",
+        ) as target,
+    ):
+        time.sleep(2.0)
+        reply = scrape(target)
+        peak = target.peak_rss_mib()
+        errors = target.counter(
+            "kvcap_collector_errors_total", collector="vllm_http", reason=reason
+        )
+    print(f"config.json {kind}: peak RSS {peak:.1f} MiB, scrape {reply.elapsed_s:.3f} s")
+    assert reply.status == 200
+    assert reply.elapsed_s < SCRAPE_WITHIN_S
+    assert peak < MAX_RSS_MIB
+    assert errors == 1
+    assert b"kvcap_kv_cache_capacity_tokens{" in reply.body
+    assert len([line for line in target.log if str(config) in line]) == 1
+    assert "Traceback" not in "".join(target.log)
