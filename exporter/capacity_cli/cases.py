@@ -9,7 +9,7 @@ from typing import IO, Any
 
 from exporter.bounded_files import MAX_MODEL_CONFIG_BYTES
 from exporter.errors import ConfigError
-from exporter.json_documents import NotJson, read_json
+from exporter.json_documents import NotJson, load_bounded_json
 
 # A case line carries a model's config.json and the settings beside it: the config's
 # bound, and as much again for the rest (a golden record is under 50 KiB).
@@ -47,7 +47,7 @@ def case_records(path: Path) -> Iterator[tuple[int, Any]]:
 
 def _record(number: int, line: bytes) -> Any:
     try:
-        return read_json(line)
+        return load_bounded_json(line)
     except NotJson as error:
         return BadLine(f"line {number} is not valid JSON: {error}")
 
