@@ -277,9 +277,9 @@ def _run_sweep(
 def _run_batch(path: Path, out: TextIO) -> int:
     """One output line per input line, in order; a line that is not a JSON record within
     the bounds of capacity_cli.cases is an error line, and the batch goes on."""
-    for _, record in case_records(path):
+    for record in case_records(path):
         if isinstance(record, BadLine):
-            error = {"type": "ConfigError", "kvcap_type": "ConfigError", "message": str(record)}
+            error = {"type": "ConfigError", "kvcap_type": "ConfigError", "message": record.message}
             output: dict[str, Any] = {"id": None, "error": error}
         else:
             output = run_case(record)

@@ -4,6 +4,7 @@ bounds of a config.json (its size, nesting and integer digits), a bad line one e
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -17,14 +18,17 @@ MAX_CASE_LINE_BYTES = 2 * MAX_MODEL_CONFIG_BYTES
 _CHUNK_BYTES = 2**16
 
 
-class BadLine(ConfigError):
+@dataclass(frozen=True, slots=True)
+class BadLine:
     """A --cases line that is no record: its output line is this error."""
 
+    message: str
 
-def case_records(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line number, the decoded record or the BadLine saying why not) for every line
-    that is not blank. The file is streamed (a pipe works too), never held whole; a line
-    past MAX_CASE_LINE_BYTES is skipped to its end, unread, and is one BadLine."""
+
+def case_records(path: Path) -> Iterator[Any]:
+    """The decoded record, or the BadLine saying why not, of every line that is not blank.
+    The file is streamed (a pipe works too), never held whole; a line past
+    MAX_CASE_LINE_BYTES is skipped to its end, unread, and is one BadLine."""
     try:
         handle = path.open("rb")
     except OSError as error:
@@ -34,15 +38,12 @@ def case_records(path: Path) -> Iterator[tuple[int, Any]]:
     with handle:
         for number, line in enumerate(_bounded_lines(handle), start=1):
             if line is None:
-                yield (
-                    number,
-                    BadLine(
-                        f"line {number} is longer than {MAX_CASE_LINE_BYTES // 2**20} MiB, the "
-                        "most kvcap reads of a case"
-                    ),
+                yield BadLine(
+                    f"line {number} is longer than {MAX_CASE_LINE_BYTES // 2**20} MiB, the "
+                    "most kvcap reads of a case"
                 )
             elif line.strip():
-                yield number, _record(number, line)
+                yield _record(number, line)
 
 
 def _record(number: int, line: bytes) -> Any:
