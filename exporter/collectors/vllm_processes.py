@@ -10,7 +10,7 @@ from pathlib import Path
 
 from exporter.bounded_files import FileRefused, read_vllm_config
 from exporter.collectors.parsing import VllmServeArgs, parse_vllm_serve_args
-from exporter.errors import KvcapError
+from exporter.errors import KvcapError, UsageError
 from exporter.model_config import file_version
 
 # `vllm serve --port`'s default.
@@ -122,14 +122,17 @@ class CommandLines:
     ) -> VllmServeArgs:
         """The arguments with the --config file read as the process sees it (its root,
         its working folder); the command line alone where the file cannot be read from
-        here; marked `config_refused` where it is past a bound."""
+        here; marked `config_refused` where it is past a bound or holds a bad value."""
         try:
             return parse_vllm_serve_args(words, read_config=_process_file_reader(entry))
         except FileRefused as error:
-            self.refused.append(error)
-            return replace(plain, config_refused=str(error))
-        except KvcapError:
+            refusal = error
+        except UsageError as error:  # the command line alone parsed: a value of the file's
+            refusal = FileRefused("file_malformed", str(error))
+        except KvcapError:  # not readable from here (missing, not allowed)
             return plain
+        self.refused.append(refusal)
+        return replace(plain, config_refused=str(refusal))
 
     def forget_unseen(self) -> None:
         """Drop the processes not seen since the last call (they ended)."""

@@ -105,21 +105,36 @@ def test_a_config_file_is_read_once_per_change_not_once_a_poll(
     assert command_lines.refused == []
 
 
-def test_a_config_file_past_its_bounds_marks_the_settings_refused_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("kind", "reason", "why"),
+    [
+        ("fifo", "file_not_regular", "a FIFO, not a regular file (kvcap reads only those)"),
+        ("bad-value", "file_malformed", "--max-model-len: not a count: 'banana'"),
+    ],
+)
+def test_a_config_file_past_its_bounds_marks_the_settings_refused_once(
+    tmp_path: Path, kind: str, reason: str, why: str
+) -> None:
     proc = tmp_path / "proc"
     entry = proc / "4242"
     (entry / "root" / "etc").mkdir(parents=True)
-    os.mkfifo(entry / "root" / "etc" / "vllm.yaml")  # no writer ever comes
+    config = entry / "root" / "etc" / "vllm.yaml"
+    if kind == "fifo":
+        os.mkfifo(config)  # no writer ever comes
+    else:
+        config.write_text("max_model_len: banana\n")
     argv = ["vllm", "serve", "/models/x", "--config", "/etc/vllm.yaml", "-tp", "2"]
     (entry / "cmdline").write_bytes(b"\0".join(w.encode() for w in argv) + b"\0")
     command_lines = vllm_processes.CommandLines()
-    why = "--config /etc/vllm.yaml: a FIFO, not a regular file (kvcap reads only those)"
+    refused = []
     for _ in range(3):
         found = discover_serve_args(proc, command_lines=command_lines)
         assert found is not None
         assert found.tensor_parallel_size == 2  # the command line is still known
-        assert found.config_refused == why
-    assert [(r.reason, str(r)) for r in command_lines.refused] == [("file_not_regular", why)]
+        refused.append(found.config_refused or "")
+    assert refused[0].startswith(f"--config /etc/vllm.yaml: {why}")
+    assert refused == [refused[0]] * 3
+    assert [(r.reason, str(r)) for r in command_lines.refused] == [(reason, refused[0])]
 
 
 def test_vllm_args_naming_a_hostile_config_file_stop_the_start_in_one_line(
