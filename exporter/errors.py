@@ -9,6 +9,8 @@
     │       │                        (collectors/parsing/exposition.py)
     │       └── NotJson              JSON kvcap cannot accept (json_documents.py)
     ├── ConfigError                  bad settings, files or config.json content
+    │   ├── FileRefused              a file past its bounds, `reason` the counter label
+    │   │                            (bounded_files.py)
     │   └── UsageError               a flag or its environment twin is malformed (exit 2)
     └── CapacityError                the capacity model cannot give a number
         ├── UnsupportedArchitecture  unknown model family without the generic fields

@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from exporter.bounded_files import read_regular_file
 from exporter.errors import ConfigError
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -64,9 +65,16 @@ def find_snapshot(repo_id: str, revision: str | None, environ: Mapping[str, str]
     return snapshot
 
 
+# A ref file holds one commit hash (40 characters and maybe a newline).
+MAX_REF_BYTES = 256
+
+
 def _read_ref(repo: Path, revision: str) -> str | None:
+    """The commit a branch or tag names; None for a ref that is missing, or that is not a
+    small regular file (the cache may be a volume vLLM's side writes to)."""
     try:
-        text = (repo / "refs" / revision).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError, ValueError):
+        data = read_regular_file(repo / "refs" / revision, max_bytes=MAX_REF_BYTES)
+        text = data.decode("utf-8").strip()
+    except (OSError, ValueError, ConfigError):  # FileRefused is a ConfigError
         return None
     return text if _COMMIT.fullmatch(text) else None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exporter.bounded_files import MAX_MODEL_CONFIG_BYTES, FileRefused, read_regular_file
 from exporter.errors import ConfigError
 from exporter.hf_cache import find_snapshot, looks_like_repo_id
 from exporter.json_documents import NotJson, read_json
@@ -40,16 +41,21 @@ def file_version(file: Path) -> FileVersion | None:
 
 
 def load_model_config(path: Path) -> dict[str, Any]:
-    """Read config.json from a file or a model directory."""
+    """Read config.json from a file or a model directory, within the bounds of
+    bounded_files (a regular file of at most MAX_MODEL_CONFIG_BYTES) and read_json."""
     file = model_config_file(path)
     try:
-        data = read_json(file.read_bytes())
+        data = read_json(read_regular_file(file, max_bytes=MAX_MODEL_CONFIG_BYTES))
+    except FileRefused as error:
+        raise error.naming(str(file)) from None
     except OSError as error:
         raise ConfigError(f"cannot read {file}: {error.strerror or error}") from None
-    except NotJson as error:
-        raise ConfigError(f"{file} is not valid JSON: {error}") from None
+    except NotJson as error:  # before ValueError, which it is
+        raise FileRefused("file_malformed", f"{file} is not valid JSON: {error}") from None
+    except ValueError as error:  # a NUL byte in the path
+        raise ConfigError(f"cannot read {file}: {error}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{file} must hold a JSON object")
+        raise FileRefused("file_malformed", f"{file} must hold a JSON object")
     return data
 
 

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,36 @@ def test_a_model_not_in_the_cache_is_one_line_saying_where_it_looked(hub: Path) 
     assert run.returncode == 1
     assert run.stderr.count("\n") == 1
     assert f"not in the Hugging Face cache {hub}" in run.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge"])
+def test_a_ref_that_is_no_small_regular_file_is_no_ref_and_never_waited_on(
+    tmp_path: Path, kind: str
+) -> None:
+    """The cache may be a volume vLLM's side writes to: refs/main a FIFO (open() would wait
+    for a writer for good), a device or a huge file names no commit."""
+    cache = tmp_path / "hub"
+    add_snapshot(cache, REPO, MAIN, {"config.json": LLAMA_CONFIG})
+    ref = cache / ("models--" + REPO.replace("/", "--")) / "refs" / "main"
+    ref.parent.mkdir(parents=True)
+    if kind == "fifo":
+        os.mkfifo(ref)
+    elif kind == "device":
+        ref.symlink_to("/dev/zero")
+    else:
+        ref.write_text(MAIN + " " * 2**20)
+    # No ref: the only snapshot is taken, as for a download by commit. On a thread, so
+    # that a read that waits on the FIFO fails the test instead of hanging it.
+    found: list[Path] = []
+    reader = threading.Thread(
+        target=lambda: found.append(
+            resolve_model(REPO, environ={"HF_HUB_CACHE": str(cache)}).folder
+        ),
+        daemon=True,
+    )
+    reader.start()
+    reader.join(10)
+    assert [folder.name for folder in found] == [MAIN]
+    add_snapshot(cache, REPO, DEV, {"config.json": LLAMA_CONFIG})  # two: which is main?
+    with pytest.raises(ConfigError, match="has no revision main"):
+        resolve_model(REPO, environ={"HF_HUB_CACHE": str(cache)})

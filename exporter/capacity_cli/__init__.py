@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from exporter.capacity import CUDA, PLATFORMS, derive_capacity, run_case
 from exporter.capacity.serve_flags import accepted_flags
 from exporter.capacity_cli import explain_log
+from exporter.capacity_cli.cases import BadLine, case_records
 from exporter.capacity_cli.inputs import CapacityInputs, build_inputs, inputs_for, vllm_command
 from exporter.capacity_cli.memory import GPU_MEMORY_MIB
 from exporter.capacity_cli.report import (
@@ -28,7 +29,7 @@ from exporter.capacity_cli.report import (
     used_text,
 )
 from exporter.capacity_cli.sweep import Axis, combinations, parse_axis, sweep_text
-from exporter.errors import ConfigError, DoesNotFit, KvcapError
+from exporter.errors import DoesNotFit, KvcapError
 from exporter.flags import Flags, positive_int, size
 
 VLLM_FLAGS_HELP = (
@@ -274,28 +275,13 @@ def _run_sweep(
 
 
 def _run_batch(path: Path, out: TextIO) -> int:
-    """One output line per input line, in order; a line that is not JSON is an error line."""
-    try:
-        handle = path.open(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(f"--cases {path}: cannot read it: {error.strerror or error}") from None
-    with handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                message = f"line {number} is not valid JSON: {error}"
-                output: dict[str, Any] = {
-                    "id": None,
-                    "error": {
-                        "type": "ConfigError",
-                        "kvcap_type": "ConfigError",
-                        "message": message,
-                    },
-                }
-            else:
-                output = run_case(record)
-            out.write(json.dumps(output) + "\n")
+    """One output line per input line, in order; a line that is not a JSON record within
+    the bounds of capacity_cli.cases is an error line, and the batch goes on."""
+    for record in case_records(path):
+        if isinstance(record, BadLine):
+            error = {"type": "ConfigError", "kvcap_type": "ConfigError", "message": record.message}
+            output: dict[str, Any] = {"id": None, "error": error}
+        else:
+            output = run_case(record)
+        out.write(json.dumps(output) + "\n")
     return 0

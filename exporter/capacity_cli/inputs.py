@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exporter.bounded_files import read_regular_file, read_vllm_config
 from exporter.capacity import (
     EngineSettings,
     ReleaseRules,
@@ -88,7 +89,9 @@ def vllm_command(
     tokens += without_launcher(list(args.vllm_tail or []))
     tokens += list(args.vllm_tokens or [])
     tokens, legacy_model = _legacy_config(tokens)
-    parsed = parse_vllm_serve_args(["serve", *tokens], read_config=_read_text, accepted=accepted)
+    parsed = parse_vllm_serve_args(
+        ["serve", *tokens], read_config=read_vllm_config, accepted=accepted
+    )
     if parsed.model is None and legacy_model is not None:
         parsed = dataclasses.replace(parsed, model=legacy_model)
     return parsed
@@ -99,10 +102,6 @@ def _split(text: str) -> list[str]:
         return shlex.split(text)
     except ValueError as error:
         raise UsageError(f"--vllm-command: cannot split it: {error}") from None
-
-
-def _read_text(path: str) -> str:
-    return Path(path).read_text(encoding="utf-8")
 
 
 def _legacy_config(tokens: list[str]) -> tuple[list[str], str | None]:
@@ -364,13 +363,15 @@ def _checkpoint_total(model: ResolvedModel) -> tuple[int, str] | None:
     """The checkpoint's total tensor bytes: its index's `total_size`, or the size of a
     single model.safetensors; None when the folder has neither."""
     index = model.folder / "model.safetensors.index.json"
+    from exporter.capacity_cli import checkpoint_index  # noqa: PLC0415 (msgspec: only here)
+
     try:
-        document = json.loads(index.read_text(encoding="utf-8"))
-        total = document["metadata"]["total_size"]
-        if type(total) is int and total > 0:
-            return total, f"total_size of {index.name}"
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+        data = read_regular_file(index, max_bytes=checkpoint_index.MAX_INDEX_BYTES)
+        total = checkpoint_index.total_size(data)
+    except (OSError, ValueError, ConfigError):  # FileRefused is a ConfigError
+        total = None
+    if total is not None:
+        return total, f"total_size of {index.name}"
     single = model.folder / "model.safetensors"
     if single.is_file():
         return single.stat().st_size, "model.safetensors"

@@ -53,7 +53,6 @@ if TYPE_CHECKING:
         ServerPoller,
         VllmHttpCollector,
         VllmHttpSettings,
-        discover_serve_args,
     )
     from exporter.collectors.vllm_http_reports import (
         VERSION_UNKNOWN,
@@ -64,6 +63,7 @@ if TYPE_CHECKING:
         choose_platform,
         read_server,
     )
+    from exporter.collectors.vllm_processes import discover_serve_args
 
 
 # Which module each public name comes from; the collector modules register on import.
@@ -103,7 +103,6 @@ _NAMES: dict[str, tuple[str, ...]] = {
         "ServerPoller",
         "VllmHttpCollector",
         "VllmHttpSettings",
-        "discover_serve_args",
     ),
     "exporter.collectors.vllm_http_reports": (
         "VERSION_UNKNOWN",
@@ -114,6 +113,7 @@ _NAMES: dict[str, tuple[str, ...]] = {
         "choose_platform",
         "read_server",
     ),
+    "exporter.collectors.vllm_processes": ("discover_serve_args",),
 }
 # Every collector loads with the first name: importing one registers only that one.
 __getattr__ = lazy_getattr(__name__, _NAMES, load_all=True)

@@ -8,13 +8,14 @@ import os
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from exporter.bounded_files import FileRefused, read_vllm_config
 from exporter.capacity import PLATFORMS
 from exporter.collectors.http_fetch import Fetcher, FetchError, fetch
 from exporter.collectors.kv_events_endpoints import endpoints_from_sources
@@ -27,9 +28,15 @@ from exporter.collectors.vllm_http_reports import (
     cached_deriver,
     read_server,
     served_model,
+    settings_refused,
     unreadable_config_deriver,
 )
-from exporter.errors import ConfigError, KvcapError, UsageError
+from exporter.collectors.vllm_processes import (
+    CommandLines,
+    discover_hf_environ,
+    discover_serve_args,
+)
+from exporter.errors import ConfigError, UsageError
 from exporter.flags import FlagGroup, duration, positive_int, size
 from exporter.hf_cache import find_snapshot, looks_like_repo_id
 from exporter.json_documents import NotJson, read_json
@@ -49,8 +56,6 @@ DEFAULT_FORGET_AFTER_S = 600.0
 # Engines one API server may show when neither --vllm.max-engines nor the server's
 # --data-parallel-size says: past any real deployment, far below what a hostile body holds.
 DEFAULT_MAX_ENGINES = 256
-# `vllm serve --port`'s default.
-VLLM_DEFAULT_PORT = 8000
 # The log event of each kind of warning a read gives; any other is "capacity_not_derived".
 _WARNING_EVENTS = {
     "blocks_approximate": "blocks_approximate",
@@ -138,6 +143,7 @@ class ServerPoller:
         self._model_config: ModelConfigRead | None = None
         self._warned: set[str] = set()  # problems logged and still present: logged once
         self._version: Mapping[str, Any] | None = None  # the last /version that answered
+        self._command_lines = CommandLines()  # of the vLLM processes in /proc
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -234,7 +240,16 @@ class ServerPoller:
         return document if isinstance(document, Mapping) else None
 
     def serve_args(self) -> VllmServeArgs | None:
-        return self.settings.serve_args or discover_serve_args(port=_url_port(self.url))
+        if self.settings.serve_args is not None:
+            return self.settings.serve_args
+        found = discover_serve_args(port=_url_port(self.url), command_lines=self._command_lines)
+        for refusal in self._command_lines.refused:
+            # Once per version of the file: the engines are reported, not derived. The
+            # rejection is the one log line; each engine's derivation error says it again.
+            self.sink.reject(NAME, self.url, refusal.reason, str(refusal))
+            self._warned.add(settings_refused(str(refusal)))
+        self._command_lines.refused.clear()
+        return found
 
     def max_engines(self, args: VllmServeArgs | None) -> int:
         """--vllm.max-engines, else the --data-parallel-size of --vllm.args, else 256.
@@ -311,6 +326,10 @@ class ServerPoller:
         # the version again, so the next poll reads the file once more.
         try:
             config = load_model_config(path)
+        except FileRefused as error:  # read once per version of the file: counted once
+            self.sink.reject(NAME, self.url, error.reason, str(error))
+            self._warned.add(str(error))  # the rejection is its log line
+            return ModelConfigRead(path, version, unreadable_config_deriver(str(error)))
         except ConfigError as error:
             self._warn_once("model_config_unreadable", str(error), path=str(path))
             return ModelConfigRead(path, version, unreadable_config_deriver(str(error)))
@@ -329,101 +348,11 @@ class ServerPoller:
             log.warning(event, target=self.url, error=message, **fields)
 
 
-def discover_serve_args(
-    proc: Path = Path("/proc"), port: int | None = None
-) -> VllmServeArgs | None:
-    """The `vllm serve` command line of a process in a shared process namespace, if any.
-
-    With `port`, the server listening there (`--port`, vLLM's default 8000); where no
-    command line names it, the only vLLM there is (a proxy or port mapping in between), and
-    none when there are several: another server's settings would derive wrong figures."""
-    found = list(_vllm_command_lines(proc))
-    if port is None or not found:
-        return found[0][1] if found else None
-    on_port = [args for listening, args in found if listening == port]
-    if on_port:
-        return on_port[0]
-    return found[0][1] if len(found) == 1 else None
-
-
-# What huggingface_hub reads to find its cache (hf_cache.hub_cache_dir).
-HF_CACHE_VARIABLES = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME")
-# A process's environment, read at most this far (the kernel's limit on argv + envp is 2 MiB).
-MAX_ENVIRON_BYTES = 2**21
-
-
 @dataclass(frozen=True)
 class _NotFound:
     """A Hugging Face id the cache does not have: `message` says where kvcap looked."""
 
     message: str
-
-
-def discover_hf_environ(proc: Path = Path("/proc"), port: int | None = None) -> dict[str, str]:
-    """The Hugging Face cache variables of the vLLM API server on `port` (as
-    discover_serve_args picks it), where this process may read its environment (the same
-    user, or a shared process namespace with the right to); else none."""
-    found = [(listening, entry) for listening, entry, _ in _vllm_processes(proc)]
-    on_port = [entry for listening, entry in found if port is None or listening == port]
-    entries = on_port or ([found[0][1]] if len(found) == 1 else [])
-    for entry in entries[:1]:
-        try:
-            with (entry / "environ").open("rb") as environ:
-                text = environ.read(MAX_ENVIRON_BYTES)
-        except OSError:
-            return {}
-        pairs = (item.decode("utf-8", "replace").partition("=") for item in text.split(b"\0"))
-        return {k: v for k, _, v in pairs if k in HF_CACHE_VARIABLES and v}
-    return {}
-
-
-def _vllm_processes(proc: Path) -> Iterator[tuple[int | None, Path, list[str]]]:
-    """The listening port, /proc entry and command line of every vLLM API server, lowest
-    PID first."""
-    try:
-        entries = [p for p in proc.iterdir() if p.name.isdigit()]
-    except OSError:
-        return
-    for entry in sorted(entries, key=lambda p: int(p.name)):
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        words = [w.decode("utf-8", "replace") for w in argv if w]
-        if _looks_like_vllm(words):
-            yield _listening_port(words), entry, words
-
-
-def _vllm_command_lines(proc: Path) -> Iterator[tuple[int | None, VllmServeArgs]]:
-    """The port and parsed command line of every vLLM API server in /proc, lowest PID
-    first."""
-    for listening, entry, words in _vllm_processes(proc):
-        args = _parse_command_line(words, entry)
-        if args is not None:
-            yield listening, args
-
-
-def _parse_command_line(words: list[str], entry: Path) -> VllmServeArgs | None:
-    """A vLLM process's arguments, its --config file read as the process sees it (its root,
-    its working folder); the command line alone where the file cannot be read from here."""
-    for read_config in (_process_file_reader(entry), None):
-        try:
-            return parse_vllm_serve_args(words, read_config=read_config)
-        except KvcapError:
-            continue
-    return None
-
-
-def _listening_port(words: list[str]) -> int | None:
-    """The API server's `--port` (the last one given, as argparse reads it), else vLLM's
-    default. It does not change capacity, so the argument parser leaves it alone."""
-    port: str | None = str(VLLM_DEFAULT_PORT)
-    for index, word in enumerate(words):
-        if word == "--port":
-            port = words[index + 1] if index + 1 < len(words) else None
-        elif word.startswith("--port="):
-            port = word.removeprefix("--port=")
-    return int(port) if port is not None and port.isdigit() else None
 
 
 def _url_port(url: str) -> int | None:
@@ -433,23 +362,6 @@ def _url_port(url: str) -> int | None:
         return parts.port or {"http": 80, "https": 443}.get(parts.scheme)
     except ValueError:  # a port out of range: --vllm.url was checked, so not expected
         return None
-
-
-def _read_text(path: str) -> str:
-    return Path(path).read_text(encoding="utf-8")
-
-
-def _process_file_reader(entry: Path) -> Callable[[str], str]:
-    def read(path: str) -> str:
-        where = entry / "root" / path.lstrip("/") if path.startswith("/") else entry / "cwd" / path
-        return where.read_text(encoding="utf-8")
-
-    return read
-
-
-def _looks_like_vllm(words: list[str]) -> bool:
-    joined = " ".join(words[:4])
-    return ("vllm" in joined and " serve" in f" {joined}") or "vllm.entrypoints" in joined
 
 
 def server_url(text: str) -> str:
@@ -567,7 +479,9 @@ def _build(args: argparse.Namespace) -> VllmHttpCollector | None:
     if not args.vllm_url:
         return None
     serve_args = (
-        parse_vllm_serve_args(args.vllm_args, read_config=_read_text) if args.vllm_args else None
+        parse_vllm_serve_args(args.vllm_args, read_config=read_vllm_config)
+        if args.vllm_args
+        else None
     )
     interval = args.vllm_poll_interval
     stale_after = args.vllm_stale_after if args.vllm_stale_after is not None else 3 * interval

@@ -383,14 +383,24 @@ def _derive(
         return None, f"capacity model failed: {type(error).__name__}: {error}"
 
 
+SETTINGS_UNKNOWN = "engine settings unknown (give --vllm.args)"
+
+
+def settings_refused(why: str) -> str:
+    """An engine's derivation error when its --config file was refused."""
+    return f"engine settings unknown: {why}"
+
+
 def _missing_input(
     args: VllmServeArgs | None, blocks: int | None, derive: Deriver | None, version: str | None
 ) -> str | None:
     """Why an engine cannot be derived yet, or None when every input is known."""
     if derive is None:
         return "no model config.json (give --model.config or serve a local model path)"
-    if args is None:
-        return "engine settings unknown (give --vllm.args)"
+    if args is None or args.config_refused is not None:
+        # Without its --config file the command line alone would derive wrong figures.
+        why = args.config_refused if args is not None else None
+        return settings_refused(why) if why else SETTINGS_UNKNOWN
     if blocks is None:
         return "vLLM reports no num_gpu_blocks"
     if isinstance(derive, UnreadableConfig):

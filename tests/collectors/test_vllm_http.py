@@ -23,6 +23,7 @@ from exporter.collectors import (
     discover_serve_args,
     fetch,
     vllm_http,
+    vllm_processes,
 )
 from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
 from exporter.demo import example_config, simulated_deployment
@@ -435,7 +436,7 @@ def test_a_poller_discovers_the_server_its_url_names(
     _vllm_process(tmp_path, 9, "/models/b", "--port=8001")
     # This folder stands in for /proc; the port is what the poller passes.
     monkeypatch.setattr(
-        vllm_http, "discover_serve_args", partial(vllm_http.discover_serve_args, tmp_path)
+        vllm_http, "discover_serve_args", partial(vllm_processes.discover_serve_args, tmp_path)
     )
     found = {}
     for url in ("http://127.0.0.1:8001", "http://localhost:8000/"):

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 from pathlib import Path
 
 import pytest
 import structlog.testing
 
+from exporter.bounded_files import read_vllm_config
 from exporter.cli import CommandLineParser
 from exporter.collectors import (
     ServerPoller,
@@ -18,6 +20,7 @@ from exporter.collectors import (
     discover_serve_args,
     fetch,
     vllm_http,
+    vllm_processes,
 )
 from exporter.collectors.parsing import parse_vllm_serve_args
 from exporter.demo import simulated_deployment
@@ -25,6 +28,7 @@ from exporter.demo.simulated_vllm import SimulatedVllm
 from exporter.errors import ConfigError
 from exporter.flags import Flags
 from exporter.state import EngineView, StateStore
+from tests.test_bounded_files import BILLION_LAUGHS
 from tests.test_hf_cache import add_snapshot, set_ref
 
 COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
@@ -66,6 +70,83 @@ def test_a_proc_command_line_reads_its_config_file_from_the_process_root(tmp_pat
     assert (alone.model, alone.max_model_len) == ("/models/x", None)
 
 
+def test_a_config_file_is_read_once_per_change_not_once_a_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc = tmp_path / "proc"
+    entry = proc / "4242"
+    (entry / "root" / "etc").mkdir(parents=True)
+    config = entry / "root" / "etc" / "vllm.yaml"
+    config.write_text("max-model-len: 8192\n")
+    argv = ["vllm", "serve", "/models/x", "--config", "/etc/vllm.yaml"]
+    (entry / "cmdline").write_bytes(b"\0".join(w.encode() for w in argv) + b"\0")
+    reads: list[str] = []
+
+    def counted(path: str) -> str:
+        reads.append(path)
+        return read_vllm_config(path)
+
+    monkeypatch.setattr(vllm_processes, "read_vllm_config", counted)
+    command_lines = vllm_processes.CommandLines()
+    lengths = [
+        getattr(discover_serve_args(proc, command_lines=command_lines), "max_model_len", None)
+        for _ in range(5)
+    ]
+    assert (lengths, len(reads)) == ([8192] * 5, 1)
+    replacement = config.with_name("vllm.yaml.new")
+    replacement.write_text("max-model-len: 4096\n")
+    replacement.rename(config)  # a new inode: a new version
+    found = discover_serve_args(proc, command_lines=command_lines)
+    assert (getattr(found, "max_model_len", None), len(reads)) == (4096, 2)
+    # Another process (or the same PID with a new command line) is parsed afresh.
+    (entry / "cmdline").write_bytes(b"\0".join(w.encode() for w in [*argv, "-tp", "2"]) + b"\0")
+    found = discover_serve_args(proc, command_lines=command_lines)
+    assert (getattr(found, "tensor_parallel_size", None), len(reads)) == (2, 3)
+    assert command_lines.refused == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason", "why"),
+    [
+        ("fifo", "file_not_regular", "a FIFO, not a regular file (kvcap reads only those)"),
+        ("bad-value", "file_malformed", "--max-model-len: not a count: 'banana'"),
+    ],
+)
+def test_a_config_file_past_its_bounds_marks_the_settings_refused_once(
+    tmp_path: Path, kind: str, reason: str, why: str
+) -> None:
+    proc = tmp_path / "proc"
+    entry = proc / "4242"
+    (entry / "root" / "etc").mkdir(parents=True)
+    config = entry / "root" / "etc" / "vllm.yaml"
+    if kind == "fifo":
+        os.mkfifo(config)  # no writer ever comes
+    else:
+        config.write_text("max_model_len: banana\n")
+    argv = ["vllm", "serve", "/models/x", "--config", "/etc/vllm.yaml", "-tp", "2"]
+    (entry / "cmdline").write_bytes(b"\0".join(w.encode() for w in argv) + b"\0")
+    command_lines = vllm_processes.CommandLines()
+    refused = []
+    for _ in range(3):
+        found = discover_serve_args(proc, command_lines=command_lines)
+        assert found is not None
+        assert found.tensor_parallel_size == 2  # the command line is still known
+        refused.append(found.config_refused or "")
+    assert refused[0].startswith(f"--config /etc/vllm.yaml: {why}")
+    assert refused == [refused[0]] * 3
+    assert [(r.reason, str(r)) for r in command_lines.refused] == [(reason, refused[0])]
+
+
+def test_vllm_args_naming_a_hostile_config_file_stop_the_start_in_one_line(
+    tmp_path: Path,
+) -> None:
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(BILLION_LAUGHS)
+    for path, why in [(bomb, "YAML aliases"), (Path("/dev/zero"), "a character device")]:
+        with pytest.raises(ConfigError, match=f"--config {path}: {why}"):
+            built("--vllm.args", f"/models/gemma --config {path}")
+
+
 def test_a_hugging_face_id_is_derived_from_the_hf_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -99,13 +180,13 @@ def test_the_hf_cache_variables_of_the_vllm_process_are_read_from_proc(tmp_path:
     entry = _fake_vllm_process(proc, 17, vllm, env)
     _fake_vllm_process(proc, 18, ["vllm", "serve", "other", "--port", "9000"], {"HF_HOME": "/b"})
     # Only the cache's variables, of the server on the sidecar's port.
-    assert vllm_http.discover_hf_environ(proc, 8000) == {"HF_HOME": "/models/huggingface"}
-    assert vllm_http.discover_hf_environ(proc, 9000) == {"HF_HOME": "/b"}
-    assert vllm_http.discover_hf_environ(proc, 7000) == {}  # two servers, none on the port
+    assert vllm_processes.discover_hf_environ(proc, 8000) == {"HF_HOME": "/models/huggingface"}
+    assert vllm_processes.discover_hf_environ(proc, 9000) == {"HF_HOME": "/b"}
+    assert vllm_processes.discover_hf_environ(proc, 7000) == {}  # two servers, none on the port
     # Another user's process: its environment cannot be read, and nothing is made up.
     (entry / "environ").unlink()
     (entry / "environ").mkdir()
-    assert vllm_http.discover_hf_environ(proc, 8000) == {}
+    assert vllm_processes.discover_hf_environ(proc, 8000) == {}
 
 
 def test_a_hugging_face_id_found_through_the_vllm_process_environment(
@@ -123,7 +204,7 @@ def test_a_hugging_face_id_found_through_the_vllm_process_environment(
     port = int(url.rpartition(":")[2])
     argv = ["vllm", "serve", "google/gemma-3-27b-it", "--port", str(port)]
     _fake_vllm_process(proc, 17, argv, {"HF_HOME": str(home)})
-    real = vllm_http.discover_hf_environ
+    real = vllm_processes.discover_hf_environ
     monkeypatch.setattr(vllm_http, "discover_hf_environ", lambda port: real(proc, port))
     views = _polled_once(simulation, url)
     assert [v.derivation_error for v in views] == [None, None]
@@ -170,9 +251,9 @@ def test_a_hostile_proc_environ_is_read_within_its_bound(tmp_path: Path) -> None
     entry = _fake_vllm_process(proc, 17, ["vllm", "serve", "m"], {})
     huge = b"A" * (3 * 2**20) + b"\0HF_HOME=/far\0"
     (entry / "environ").write_bytes(huge)
-    assert vllm_http.discover_hf_environ(proc, 8000) == {}
+    assert vllm_processes.discover_hf_environ(proc, 8000) == {}
     (entry / "environ").write_bytes(b"\xff\xfe=\x00HF_HOME=/m\xffodels\0HF_HUB_CACHE=\0")
-    assert vllm_http.discover_hf_environ(proc, 8000) == {"HF_HOME": "/m\ufffdodels"}
+    assert vllm_processes.discover_hf_environ(proc, 8000) == {"HF_HOME": "/m\ufffdodels"}
 
 
 def _cache_gemma(hub: Path, local: SimulatedVllm) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.bounded_files import FileRefused, load_yaml
 from exporter.capacity import EngineSettings
 from exporter.errors import ConfigError, UsageError
 from exporter.units import parse_count, parse_size
@@ -62,6 +63,9 @@ class VllmServeArgs:
     max_num_seqs: int | None = None
     revision: str | None = None
     config_file: str | None = None  # --config FILE.yaml, already merged when it was read
+    # Why the --config file's settings are missing (a file past kvcap's bounds): the
+    # engine is not derived from the command line alone, which would be wrong figures.
+    config_refused: str | None = None
     speculative: SpeculativeConfig | None = None
     # Flags that do not change capacity, as typed; not part of equality, for the same reason.
     ignored: tuple[str, ...] = dataclasses.field(default=(), compare=False)
@@ -225,20 +229,19 @@ def config_tokens(path: str, read_config: Callable[[str], str]) -> list[str]:
     flag's values, a mapping JSON (as vLLM's `load_config_file` does)."""
     try:
         text = read_config(path)
+        document = load_yaml(text)
+    except FileRefused as error:  # past a bound of bounded_files, or not valid YAML
+        raise error.naming(f"--config {path}") from None
     except OSError as error:
         raise ConfigError(f"--config {path}: cannot read it: {error.strerror or error}") from None
     except ValueError as error:  # not UTF-8, or a NUL byte in the path
         raise ConfigError(f"--config {path}: cannot read it: {error}") from None
-    import yaml  # noqa: PLC0415 (most command lines have no --config; PyYAML is slow to load)
-
-    try:
-        document = yaml.safe_load(text)
-    except Exception as error:  # PyYAML raises plain Python errors for odd tags, too
-        raise ConfigError(f"--config {path}: not valid YAML: {error}") from None
     if document is None:
         return []
     if not isinstance(document, dict):
-        raise ConfigError(f"--config {path}: must be a mapping of flag names to values")
+        raise FileRefused(
+            "file_malformed", f"--config {path}: must be a mapping of flag names to values"
+        )
     tokens: list[str] = []
     for key, value in document.items():
         flag = "--" + str(key).replace("_", "-")

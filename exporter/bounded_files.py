@@ -1,0 +1,177 @@
+"""Reading files kvcap did not choose (a `--config` YAML, a model's config.json): regular
+files only, size-capped, within a deadline, and YAML without alias expansion.
+
+    read_regular_file(path, max_bytes=MAX_MODEL_CONFIG_BYTES) -> bytes
+    read_vllm_config(path) -> str  # a `--config` YAML's text, within MAX_VLLM_CONFIG_BYTES
+    load_yaml(text) -> Any        # refuses aliases, nesting past 32, more than 10,000 nodes
+
+Every refusal is a `FileRefused` (a ConfigError) whose `reason` is the
+kvcap_collector_errors_total label; an OSError (missing, not allowed) is left to the caller,
+whose message for it predates these bounds. The bounds are in docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import stat
+import time
+from typing import Any
+
+from exporter.errors import ConfigError
+
+# A vLLM `--config` YAML holds a few dozen flags (a few KiB); 1 MiB is far past any real one.
+MAX_VLLM_CONFIG_BYTES = 2**20
+# A model's config.json: the largest seen are tens of KiB (multimodal models with a vision
+# config); 1 MiB keeps json.loads of the worst shape of it well under the RSS yardstick.
+MAX_MODEL_CONFIG_BYTES = 2**20
+# The time one read may take: a local file is read in milliseconds; a stalled network
+# volume is given up on between chunks instead of holding the poll.
+READ_DEADLINE_S = 2.0
+# YAML shapes: a vLLM config is a flat mapping, some values one level of lists or mappings.
+MAX_YAML_DEPTH = 32
+MAX_YAML_NODES = 10_000
+
+_CHUNK_BYTES = 2**16
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+class FileRefused(ConfigError):
+    """A file kvcap will not read as it is: not a regular file, past its size, too slow,
+    or a shape past its bounds. `reason` is the collector error counter's label."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    def naming(self, label: str) -> FileRefused:
+        """The same refusal, its message led by what the file is (`--config x.yaml`)."""
+        return FileRefused(self.reason, f"{label}: {self}")
+
+
+def read_regular_file(
+    path: str | os.PathLike[str], *, max_bytes: int, deadline_s: float = READ_DEADLINE_S
+) -> bytes:
+    """The whole content of a regular file of at most `max_bytes`, read within `deadline_s`.
+
+    A FIFO, a device or a socket is refused before it is opened (opening a FIFO blocks
+    until a writer comes; /dev/zero never ends), and again after (the path may have been
+    swapped in between); O_NONBLOCK keeps that second open from blocking either way. A file
+    past the cap is refused whole, never cut: no figure comes from half a file. Raises
+    OSError as open() does, ValueError for a path with a NUL byte.
+    """
+    _refuse_unless_regular(os.stat(path).st_mode)
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        status = os.fstat(descriptor)
+        _refuse_unless_regular(status.st_mode)
+        if status.st_size > max_bytes:
+            raise _too_large(max_bytes, status.st_size)
+        return _read_capped(descriptor, max_bytes, deadline_s)
+    finally:
+        os.close(descriptor)
+
+
+def read_vllm_config(path: str | os.PathLike[str]) -> str:
+    """The text of a vLLM `--config` YAML file, within MAX_VLLM_CONFIG_BYTES. Raises
+    FileRefused, OSError, or ValueError (not UTF-8) as read_regular_file does."""
+    return read_regular_file(path, max_bytes=MAX_VLLM_CONFIG_BYTES).decode("utf-8")
+
+
+def _refuse_unless_regular(mode: int) -> None:
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):  # a mistake, not an attack: said as open() says it
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+    kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+    raise FileRefused("file_not_regular", f"{kind}, not a regular file (kvcap reads only those)")
+
+
+def _read_capped(descriptor: int, max_bytes: int, deadline_s: float) -> bytes:
+    """At most max_bytes + 1 bytes: the one past the cap says the file grew past it."""
+    deadline = time.monotonic() + deadline_s
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        chunk = os.read(descriptor, min(_CHUNK_BYTES, max_bytes + 1 - total))
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if total > max_bytes:
+            raise _too_large(max_bytes, None)
+        chunks.append(chunk)
+        if time.monotonic() > deadline:
+            raise FileRefused(
+                "file_read_timeout", f"not read within {deadline_s:g} s ({total} bytes read)"
+            )
+
+
+def _too_large(max_bytes: int, size: int | None) -> FileRefused:
+    found = f"{size:,} bytes" if size is not None else "it grew while read"
+    return FileRefused(
+        "file_too_large", f"larger than {_size_text(max_bytes)}, the most kvcap reads ({found})"
+    )
+
+
+def _size_text(count: int) -> str:
+    return f"{count // 2**20} MiB" if count % 2**20 == 0 else f"{count:,} bytes"
+
+
+def load_yaml(text: str) -> Any:
+    """A YAML document as yaml.safe_load reads it, within bounds: an alias (`*name`) is
+    refused, not expanded (a 1 KiB "billion laughs" of nested aliases expands to GiBs once
+    its values are turned into flags), and so is nesting past MAX_YAML_DEPTH or more than
+    MAX_YAML_NODES nodes. Raises FileRefused (`file_malformed`) naming the problem."""
+    loader = _bounded_loader()(text)
+    try:
+        return loader.get_single_data()
+    except FileRefused:
+        raise
+    except RecursionError:
+        raise FileRefused("file_malformed", "not valid YAML: nested too deep") from None
+    except Exception as error:  # PyYAML raises plain Python errors for odd tags and numbers
+        text = " ".join(str(error).split())
+        raise FileRefused("file_malformed", f"not valid YAML: {text}") from None
+    finally:
+        loader.dispose()
+
+
+@functools.cache
+def _bounded_loader() -> Any:
+    """yaml.SafeLoader that counts what it composes; built on first use (PyYAML is slow to
+    import, and most command lines have no --config)."""
+    import yaml  # noqa: PLC0415 (see above)
+
+    class BoundedSafeLoader(yaml.SafeLoader):
+        depth = 0
+        nodes = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                raise FileRefused(
+                    "file_malformed",
+                    "YAML aliases (*name) are not read: a vLLM config needs none, and "
+                    "expanding them is how a small file becomes a huge document",
+                )
+            self.nodes += 1
+            if self.nodes > MAX_YAML_NODES:
+                raise FileRefused(
+                    "file_malformed", f"more than {MAX_YAML_NODES:,} YAML nodes, the most read"
+                )
+            self.depth += 1
+            try:
+                if self.depth > MAX_YAML_DEPTH:
+                    raise FileRefused(
+                        "file_malformed", f"YAML nested deeper than {MAX_YAML_DEPTH}, the most read"
+                    )
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return BoundedSafeLoader

@@ -1,0 +1,143 @@
+"""bounded_files: only regular files, size-capped, within a deadline; YAML without aliases."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter.bounded_files import (
+    MAX_YAML_DEPTH,
+    MAX_YAML_NODES,
+    FileRefused,
+    load_yaml,
+    read_regular_file,
+)
+from exporter.errors import ConfigError
+from exporter.model_config import load_model_config
+
+# The issue's 1 KiB "billion laughs": nine levels of nine aliases, 9**9 leaves expanded.
+BILLION_LAUGHS = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+    f"{name}: &{name} [{', '.join(['*' + previous] * 9)}]\n"
+    for previous, name in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+def test_a_regular_file_at_its_cap_is_read_whole_and_one_byte_past_it_is_refused(
+    tmp_path: Path,
+) -> None:
+    file = tmp_path / "f"
+    file.write_bytes(b"x" * 1000)
+    assert read_regular_file(file, max_bytes=1000) == b"x" * 1000
+    with pytest.raises(FileRefused, match=r"larger than 999 bytes.*\(1,000 bytes\)") as refused:
+        read_regular_file(file, max_bytes=999)
+    assert refused.value.reason == "file_too_large"
+
+
+def test_a_fifo_is_refused_at_once_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    done: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            read_regular_file(fifo, max_bytes=100)
+        except FileRefused as error:
+            done.append(error)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(5)  # open() of a FIFO without O_NONBLOCK would wait here for good
+    assert not reader.is_alive()
+    assert [str(e) for e in done] == ["a FIFO, not a regular file (kvcap reads only those)"]
+    assert isinstance(done[0], FileRefused)
+    assert done[0].reason == "file_not_regular"
+
+
+def test_a_device_is_refused_before_anything_is_read() -> None:
+    with pytest.raises(FileRefused, match="a character device") as refused:
+        read_regular_file("/dev/zero", max_bytes=100)
+    assert refused.value.reason == "file_not_regular"
+
+
+def test_a_sparse_gigabyte_is_refused_by_its_size_not_read(tmp_path: Path) -> None:
+    sparse = tmp_path / "sparse"
+    with sparse.open("wb") as handle:
+        handle.truncate(2**30)
+    began = time.process_time()
+    with pytest.raises(FileRefused, match=r"larger than 1 MiB.*1,073,741,824 bytes"):
+        read_regular_file(sparse, max_bytes=2**20)
+    assert time.process_time() - began < 0.5  # generous: nothing of it is read
+
+
+def test_a_folder_and_a_missing_file_are_oserrors_as_open_says_them(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError):
+        read_regular_file(tmp_path, max_bytes=100)
+    with pytest.raises(FileNotFoundError):
+        read_regular_file(tmp_path / "missing", max_bytes=100)
+
+
+def test_a_read_past_its_deadline_is_refused(tmp_path: Path) -> None:
+    file = tmp_path / "f"
+    file.write_bytes(b"x" * 2**18)  # four chunks
+    with pytest.raises(FileRefused, match=r"not read within -1 s \(65536 bytes read\)") as refused:
+        read_regular_file(file, max_bytes=2**20, deadline_s=-1.0)
+    assert refused.value.reason == "file_read_timeout"
+
+
+def test_the_billion_laughs_is_refused_at_its_first_alias_in_bounded_time() -> None:
+    assert len(BILLION_LAUGHS) < 1100
+    began = time.process_time()
+    with pytest.raises(FileRefused, match=r"YAML aliases \(\*name\) are not read") as refused:
+        load_yaml(BILLION_LAUGHS)
+    assert time.process_time() - began < 0.5
+    assert refused.value.reason == "file_malformed"
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("a: " + "[" * 10_000 + "]" * 10_000, f"nested deeper than {MAX_YAML_DEPTH}"),
+        ("a: [" + ", ".join(["1"] * (MAX_YAML_NODES + 1)) + "]", "more than 10,000 YAML nodes"),
+        ("a: <<: *b", "not valid YAML"),
+        ("a: !!python/object:os.system x", "not valid YAML"),
+        ("a: " + "9" * 5000, "not valid YAML"),  # int() refuses 4,300+ digits
+    ],
+    ids=["deep", "too-many-nodes", "broken", "python-tag", "long-int"],
+)
+def test_hostile_yaml_shapes_are_one_clean_refusal(text: str, why: str) -> None:
+    with pytest.raises(FileRefused, match=why):
+        load_yaml(text)
+
+
+def test_a_vllm_config_with_anchors_but_no_alias_is_read() -> None:
+    text = "max_model_len: &len 8192\ncompilation_config: {level: 3}\nport: 8000\n"
+    assert load_yaml(text) == {
+        "max_model_len": 8192,
+        "compilation_config": {"level": 3},
+        "port": 8000,
+    }
+    assert load_yaml("") is None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "sparse"])
+def test_a_config_json_that_is_no_regular_small_file_is_a_config_error_naming_it(
+    tmp_path: Path, kind: str
+) -> None:
+    file = tmp_path / "config.json"
+    if kind == "fifo":
+        os.mkfifo(file)
+    elif kind == "device":
+        file.symlink_to("/dev/zero")
+    else:
+        with file.open("wb") as handle:
+            handle.truncate(500 * 2**20)
+    with pytest.raises(ConfigError) as refused:
+        load_model_config(tmp_path)
+    assert str(refused.value).startswith(f"{file}: ")
+    assert isinstance(refused.value, FileRefused)
+    expected = "file_too_large" if kind == "sparse" else "file_not_regular"
+    assert refused.value.reason == expected
