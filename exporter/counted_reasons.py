@@ -39,6 +39,11 @@ COLLECTOR_ERROR_REASONS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
                 "too_many_engines",
                 "bad_label",
                 "internal_error",
+                # files named by a vLLM command line (bounded_files.py, model_config.py)
+                "file_not_regular",
+                "file_too_large",
+                "file_read_timeout",
+                "file_malformed",
             }
         ),
         "handshake": frozenset(

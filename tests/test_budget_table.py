@@ -86,7 +86,13 @@ def test_every_cell_counted_names_a_counter_kvcap_has() -> None:
 
 # Where the source passes a reason: (call name, argument position), a keyword `reason=`,
 # a parameter `reason` with a default, and what a function named *_reason returns.
-COLLECTOR_CALLS = {"FetchError": 0, "Refused": 0, "CollectorError": 0, "_failed": 0}
+COLLECTOR_CALLS = {
+    "FetchError": 0,
+    "Refused": 0,
+    "FileRefused": 0,
+    "CollectorError": 0,
+    "_failed": 0,
+}
 SINK_CALLS = {"fail": 2, "reject": 2}
 WEB_CALLS = {"_refuse": 1, "BadHead": 1}
 
@@ -119,9 +125,9 @@ def _argument(call: ast.Call, position: int) -> ast.expr | None:
     return call.args[position] if len(call.args) > position else None
 
 
-def reasons_in_source(folder: Path) -> Iterator[tuple[str, str, str]]:
+def reasons_in_source(folder: Path, pattern: str = "*.py") -> Iterator[tuple[str, str, str]]:
     """(counter kind, reason, where) for every literal reason the code under `folder` passes."""
-    for path in sorted(folder.rglob("*.py")):
+    for path in sorted(folder.rglob(pattern) if pattern == "*.py" else folder.glob(pattern)):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         where = str(path.relative_to(ROOT))
         for node in ast.walk(tree):
@@ -180,6 +186,9 @@ SOURCE = [
     *reasons_in_source(ROOT / "exporter" / "collectors"),
     *reasons_in_source(ROOT / "exporter" / "prefix_cache"),
     *reasons_in_source(ROOT / "exporter" / "web"),
+    # Files read for the collectors: their FileRefused reasons are vllm_http's.
+    *reasons_in_source(ROOT / "exporter", "bounded_files.py"),
+    *reasons_in_source(ROOT / "exporter", "model_config.py"),
 ]
 
 
@@ -196,6 +205,7 @@ def test_the_source_scan_finds_the_reasons_it_is_meant_to() -> None:
         ("collector", "gpu_lost"),  # error_reason
         ("collector", "disconnected"),  # sink.fail(NAME, target, "...")
         ("collector", "malformed_batch"),  # sink.reject(NAME, target, "...")
+        ("collector", "file_not_regular"),  # FileRefused("...")
         ("dropped", "unknown_block"),
         ("web", "head_too_large"),
         ("web", "auth_busy"),
