@@ -128,7 +128,11 @@ def load_yaml(text: str) -> Any:
     refused, not expanded (a 1 KiB "billion laughs" of nested aliases expands to GiBs once
     its values are turned into flags), and so is nesting past MAX_YAML_DEPTH or more than
     MAX_YAML_NODES nodes. Raises FileRefused (`file_malformed`) naming the problem."""
-    loader = _bounded_loader()(text)
+    try:
+        loader = _bounded_loader()(text)  # the reader refuses unprintable characters here
+    except Exception as error:
+        text = " ".join(str(error).split())
+        raise FileRefused("file_malformed", f"not valid YAML: {text}") from None
     try:
         return loader.get_single_data()
     except FileRefused:
@@ -156,7 +160,7 @@ def _bounded_loader() -> Any:
             if self.check_event(yaml.AliasEvent):
                 raise FileRefused(
                     "file_malformed",
-                    "YAML aliases (*name) are not read: a vLLM config needs none, and "
+                    "YAML aliases (*name) are not read: the files kvcap reads need none, and "
                     "expanding them is how a small file becomes a huge document",
                 )
             self.nodes += 1
