@@ -43,7 +43,9 @@ MAX_HASHES_PER_EVENT: Final = 2**16
 # The defaults of BatchLimits (flags of the kv_events collector).
 DEFAULT_MAX_EVENTS: Final = 2**16
 DEFAULT_MAX_HASHES: Final = 2**19
-DEFAULT_MAX_BATCH_BYTES: Final = 64 * 2**20
+# vLLM's biggest batches (a step of a million tokens: ~5 MiB of token ids) fit; the buffer
+# libzmq reads a batch into counts against the daemon's RSS whole, before any check.
+DEFAULT_MAX_BATCH_BYTES: Final = 16 * 2**20
 # A batch up to this size is decoded in one call: whatever its shape, what it allocates
 # stays under ~10 MiB (1 MiB of one-byte hashes is 8 MiB of list slots). A bigger one is
 # decoded event by event, so its block hashes can be counted against the batch's bound.
@@ -214,13 +216,14 @@ class BatchDecoder:
         self._decoders: list[msgspec.msgpack.Decoder[Any]] = list(decoders.by_shape)
         self._raw = decoders.raw
 
-    def decode(self, payload: bytes) -> DecodedBatch:
+    def decode(self, payload: bytes | memoryview) -> DecodedBatch:
         """Decode one batch; raises MalformedBatch when it is not a batch at all, or is
         past a limit."""
         limits = self.limits
-        if len(payload) > limits.max_bytes:
-            raise MalformedBatch(f"a batch of {len(payload)} bytes, over {limits.max_bytes}")
-        if len(payload) <= FAST_PATH_BYTES:
+        size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+        if size > limits.max_bytes:
+            raise MalformedBatch(f"a batch of {size} bytes, over {limits.max_bytes}")
+        if size <= FAST_PATH_BYTES:
             decoders = self._decoders
             for index, decoder in enumerate(decoders):
                 try:
@@ -235,7 +238,7 @@ class BatchDecoder:
                 return DecodedBatch(batch.ts, batch.data_parallel_rank, batch.events)
         return self._decode_event_by_event(payload)
 
-    def _decode_event_by_event(self, payload: bytes) -> DecodedBatch:
+    def _decode_event_by_event(self, payload: bytes | memoryview) -> DecodedBatch:
         """The slow path (a big batch, or some event did not decode): keep the events
         that decode, within the batch's bound on block hashes."""
         try:
@@ -267,7 +270,7 @@ def _too_many_hashes(limits: BatchLimits) -> MalformedBatch:
     return MalformedBatch(f"a batch of more than {limits.max_hashes} block hashes")
 
 
-def decode_batch(payload: bytes, limits: BatchLimits = BatchLimits()) -> DecodedBatch:
+def decode_batch(payload: bytes | memoryview, limits: BatchLimits = BatchLimits()) -> DecodedBatch:
     """Decode one batch of any stream; raises MalformedBatch when it is not a batch."""
     return BatchDecoder(limits).decode(payload)
 

@@ -17,6 +17,7 @@ a counted error, tried again on a later tick; nothing a publisher does ends the 
 from __future__ import annotations
 
 import argparse
+import resource
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +30,7 @@ from exporter.collectors.kv_events_endpoints import parse_endpoint_flag
 from exporter.collectors.kv_events_log import ErrorTally, LimitedLog
 from exporter.collectors.kv_events_subscription import (
     DEFAULT_MAX_REPLAYS,
+    DEFAULT_MAX_STREAM_BYTES_PER_S,
     DEFAULT_MAX_SUBSCRIPTIONS,
     LOGGER,
     NAME,
@@ -38,7 +40,7 @@ from exporter.collectors.kv_events_subscription import (
 )
 from exporter.collectors.registry import CollectorSpec, register_collector
 from exporter.flags import FlagGroup, positive_int, size
-from exporter.kv_events_wire import DEFAULT_MAX_EVENTS, DEFAULT_MAX_HASHES
+from exporter.kv_events_wire import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_EVENTS, DEFAULT_MAX_HASHES
 from exporter.prefix_cache import DEFAULT_MAX_BLOCKS, DEFAULT_MAX_GROUPS, EngineResidency
 from exporter.state import KvEventsEndpoint, ResidencyView, Snapshot, StateSink
 
@@ -46,6 +48,23 @@ _POLL_MS = 200
 # Subscriptions logged per minute: every engine of a large deployment at start-up, not a
 # line a second for an endpoint that changes on every heartbeat.
 _SUBSCRIPTION_LINES = 64
+# File descriptors a stream holds (the SUB's mailbox and TCP connection, the monitor's two
+# mailboxes), and those left to the rest of the daemon (the HTTP server's 40 connections,
+# the other collectors, libzmq's own): under a low RLIMIT_NOFILE kvcap follows fewer
+# streams rather than leave Prometheus's scrape no descriptor to be accepted on.
+_FDS_PER_SUBSCRIPTION = 4
+_FDS_KEPT_FOR_OTHERS = 128
+
+
+def subscription_room(max_subscriptions: int) -> int:
+    """The streams this process may follow: the flag, within its descriptor limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_subscriptions
+    room = (soft - _FDS_KEPT_FOR_OTHERS) // _FDS_PER_SUBSCRIPTION
+    return max(1, min(max_subscriptions, room))
+
+
 _Handlers = dict[Any, Callable[[StateSink], None]]
 
 
@@ -145,6 +164,7 @@ class KvEventsCollector:
         self.context = context or zmq.Context.instance()
         self.tally = ErrorTally(NAME)
         self.replay_slots = ReplaySlots(settings.max_replays)
+        self.max_subscriptions = subscription_room(settings.max_subscriptions)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._subscriptions: dict[str, Subscription] = {}
@@ -286,9 +306,11 @@ class KvEventsCollector:
         current = self._subscriptions.get(endpoint.endpoint)
         if current is not None and current.endpoint == endpoint:
             return True
-        if current is None and len(self._subscriptions) >= self.settings.max_subscriptions:
+        if current is None and len(self._subscriptions) >= self.max_subscriptions:
             self.tally.count(
-                "too_many_subscriptions", endpoint.endpoint, "--kv-events.max-subscriptions"
+                "too_many_subscriptions",
+                endpoint.endpoint,
+                f"{self.max_subscriptions} followed (--kv-events.max-subscriptions, nofile)",
             )
             self.log.warning("kv_events_too_many_subscriptions", endpoint=endpoint.endpoint)
             return False
@@ -341,9 +363,19 @@ def _add_arguments(group: FlagGroup) -> None:
         "--kv-events.max-message-size",
         metavar="SIZE",
         type=size,
-        default=64 * 2**20,
-        default_text="64MiB",
-        help="largest accepted event batch",
+        default=DEFAULT_MAX_BATCH_BYTES,
+        default_text="16MiB",
+        help="largest accepted event batch (libzmq drops a publisher that sends a bigger "
+        "one; kvcap subscribes again after a back-off)",
+    )
+    group.add(
+        "--kv-events.max-stream-rate",
+        metavar="SIZE",
+        type=size,
+        default=DEFAULT_MAX_STREAM_BYTES_PER_S,
+        default_text="8MiB",
+        help="most bytes of batches applied per second and stream; past it batches are let "
+        "go undecoded and the gap is replayed or counted",
     )
     group.add(
         "--kv-events.max-blocks",
@@ -402,6 +434,7 @@ def _build(args: argparse.Namespace) -> KvEventsCollector | None:
             endpoints=endpoints,
             discover=args.kv_events_discover,
             max_message_bytes=args.kv_events_max_message_size,
+            max_stream_bytes_per_s=max(1, args.kv_events_max_stream_rate),
             max_blocks=max(1, args.kv_events_max_blocks),
             max_groups=max(1, args.kv_events_max_groups),
             max_batch_events=max(1, args.kv_events_max_batch_events),

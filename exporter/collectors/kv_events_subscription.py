@@ -27,16 +27,21 @@ from exporter.kv_events_wire import (
 from exporter.prefix_cache import DEFAULT_MAX_BLOCKS, DEFAULT_MAX_GROUPS, EngineResidency
 from exporter.state import KvEventsEndpoint, StateSink
 
+# A batch as received: libzmq's buffer, not copied (bytes where a test hands one over).
+Payload = bytes | memoryview
 NAME = "kv_events"
 LOGGER = "kvcap.kv_events"
 # Batches libzmq may queue for one stream before it stops reading it: the publisher's
 # own high-water mark then drops, and the gap is replayed. The poll loop reads every
-# stream as it comes (a replay never blocks it), so this only bounds a stalled daemon.
-SUBSCRIPTION_RCVHWM = 1_000
+# stream as it comes (a replay never blocks it), so an honest stream (~100 batches a
+# second at most) never fills it; a hostile one fills it with batches of up to MAXMSGSIZE
+# each, all in the daemon's RSS: 1,000 batches of 270 KB were 128 MiB, 32 are 8 MiB.
+SUBSCRIPTION_RCVHWM = 32
 _READ_PER_TURN = 256
 _RECONNECT_IVL_MAX_MS = 5_000
 DEFAULT_MAX_SUBSCRIPTIONS = 128
 DEFAULT_MAX_REPLAYS = 16
+DEFAULT_MAX_STREAM_BYTES_PER_S = 8 * 2**20
 # Connected and disconnected; and the attempts libzmq makes to reconnect on its own, which
 # it never makes after a protocol error (a batch past MAXMSGSIZE): then kvcap reopens.
 _MONITORED = (
@@ -54,6 +59,9 @@ class KvEventsSettings:
     max_message_bytes: int = DEFAULT_MAX_BATCH_BYTES
     max_batch_events: int = DEFAULT_MAX_EVENTS
     max_batch_hashes: int = DEFAULT_MAX_HASHES
+    # Bytes of batches one stream may have applied per second (an engine of the simulated
+    # deployment sends ~60 KB/s; vLLM's busiest, a few MB in a burst).
+    max_stream_bytes_per_s: int = DEFAULT_MAX_STREAM_BYTES_PER_S
     max_blocks: int = DEFAULT_MAX_BLOCKS  # per engine while its pool is unknown
     max_groups: int = DEFAULT_MAX_GROUPS  # KV cache groups per engine
     # Streams followed at once (each holds 2 sockets and ~4 file descriptors) and replays
@@ -120,8 +128,10 @@ class Subscription:
             )
         )
         self.replay: Replay | None = None
-        self.held: deque[tuple[int, bytes]] = deque()
+        self.held: deque[tuple[int, Payload]] = deque()
         self.held_bytes = 0
+        self.window_began = 0.0
+        self.window_bytes = 0
 
     def _open(self) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
         socket = self.context.socket(zmq.SUB)
@@ -206,17 +216,37 @@ class Subscription:
         """Take every batch that has arrived (up to a bound, so streams take turns)."""
         for _ in range(_READ_PER_TURN):
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+                # Not copied: a batch let go or refused costs only libzmq's own buffer.
+                message = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            frames = [frame.buffer for frame in message]
+            if self._over_rate(sum(frame.nbytes for frame in frames)):
+                continue
             self._receive(sink, frames)
 
-    def _receive(self, sink: StateSink, frames: list[bytes]) -> None:
+    def _over_rate(self, size: int) -> bool:
+        """Past `max_stream_bytes_per_s` in this second: the batch is read and let go
+        undecoded (the next one taken shows the gap: replayed, or counted as missed). A
+        stream that sends faster than it can be applied would otherwise queue in libzmq,
+        RCVHWM batches of up to MAXMSGSIZE each, all of it in the daemon's RSS."""
+        now = time.monotonic()
+        if now - self.window_began >= 1.0:
+            self.window_began, self.window_bytes = now, 0
+        first = self.window_bytes == 0  # one batch a second is always taken, whatever its size
+        self.window_bytes += size
+        if first or self.window_bytes <= self.settings.max_stream_bytes_per_s:
+            return False
+        self.tally.count("rate_limited", self.endpoint.endpoint, "--kv-events.max-stream-rate")
+        self.log.warning("kv_events_rate_limited", endpoint=self.endpoint.endpoint)
+        return True
+
+    def _receive(self, sink: StateSink, frames: list[memoryview]) -> None:
         if len(frames) != 3:
             self._malformed(sink, f"a message has 3 frames, got {len(frames)}")
             return
         try:
-            sequence = parse_sequence(frames[1])
+            sequence = parse_sequence(frames[1].tobytes())
         except MalformedBatch as error:
             self._malformed(sink, str(error))
             return
@@ -224,7 +254,7 @@ class Subscription:
             self._take(sink, sequence, frames[2])
             return
         self.held.append((sequence, frames[2]))
-        self.held_bytes += len(frames[2])
+        self.held_bytes += frames[2].nbytes
         too_many = len(self.held) > self.settings.max_held_batches
         if too_many or self.held_bytes > self.settings.max_held_bytes:
             self.tally.count("replay_cut_short", self.replay.endpoint, "held batches past bound")
@@ -258,7 +288,7 @@ class Subscription:
             )
             self._end_replay(sink)
 
-    def _take(self, sink: StateSink, sequence: int, payload: bytes) -> None:
+    def _take(self, sink: StateSink, sequence: int, payload: Payload) -> None:
         """Apply one live batch, or hold it behind the replay its gap starts."""
         try:
             batch = self.decoder.decode(payload)
@@ -269,7 +299,7 @@ class Subscription:
         residency.up = True
         if self._catch_up(residency, sequence):
             self.held.appendleft((sequence, payload))  # applied once the replay ends
-            self.held_bytes += len(payload)
+            self.held_bytes += _size(payload)
             return
         residency.apply(batch)
         self.last_sequence = sequence
@@ -333,7 +363,7 @@ class Subscription:
             else "joined the stream after its start"
         )
 
-    def _apply_replayed(self, residency: EngineResidency, payload: bytes) -> None:
+    def _apply_replayed(self, residency: EngineResidency, payload: Payload) -> None:
         try:
             residency.apply(self.decoder.decode(payload))
         except MalformedBatch as error:
@@ -359,7 +389,7 @@ class Subscription:
         self.last_sequence = replay.before - 1
         while self.held and self.replay is None:
             sequence, payload = self.held.popleft()
-            self.held_bytes -= len(payload)
+            self.held_bytes -= _size(payload)
             self._take(sink, sequence, payload)
 
 
@@ -367,3 +397,7 @@ def _close(socket: zmq.Socket[bytes], monitor: zmq.Socket[bytes]) -> None:
     socket.disable_monitor()
     monitor.close(linger=0)
     socket.close(linger=0)
+
+
+def _size(payload: Payload) -> int:
+    return payload.nbytes if isinstance(payload, memoryview) else len(payload)

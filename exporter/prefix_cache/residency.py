@@ -73,6 +73,9 @@ class Lifetimes:
         self.sum_s += seconds
 
 
+_COMPACT_ABOVE: Final = 4_096  # blocks; below, a set's table is too small to matter
+
+
 @dataclass(slots=True)
 class BlockPool:
     """The resident blocks of one group and medium, and what ever entered and left it."""
@@ -82,6 +85,9 @@ class BlockPool:
     kind: str | None = None  # kv_cache_spec_kind, where the release sends it
     stored_total: int = 0
     removed_total: int = 0  # left by removal, clear, prune or restart: stored - removed = resident
+    # The most blocks the set held since it was last compacted: a dict never shrinks its
+    # table, so sets pruned far below their peak are copied (the memory goes back).
+    peak: int = 0
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
 
 
@@ -214,6 +220,7 @@ class EngineResidency:
             if block_hash not in blocks:
                 blocks[block_hash] = ts
         pool.stored_total += len(blocks) - before
+        pool.peak = max(pool.peak, len(blocks))
         excess = sum(len(p.blocks) for p in sharing) - limit
         if excess > 0:
             self._prune_oldest(sharing, excess)
@@ -233,6 +240,10 @@ class EngineResidency:
             pool = sharing[index]
             del pool.blocks[block_hash]
             pool.removed_total += 1
+        for pool in sharing:
+            if pool.peak > _COMPACT_ABOVE and len(pool.blocks) * 4 < pool.peak:
+                pool.blocks = dict(pool.blocks)
+                pool.peak = len(pool.blocks)
 
     def _remove(self, event: RemovedEvent, ts: float) -> None:
         pool = self.pools.get((event.group_idx or 0, event.medium or DEFAULT_MEDIUM))
@@ -274,7 +285,8 @@ class EngineResidency:
     def _clear(self) -> None:
         for pool in self.pools.values():
             pool.removed_total += len(pool.blocks)
-            pool.blocks.clear()
+            pool.blocks.clear()  # frees the table too
+            pool.peak = 0
 
     def reset(self, reason: str | None = None) -> None:
         """The engine restarted (new instance, sequence from zero): nothing it cached

@@ -118,7 +118,7 @@ def test_a_hostile_batch_is_one_malformed_batch_logged_once_without_traceback(
     hostile: StandInPublisher, honest: StandInPublisher, payload: bytes, what: str
 ) -> None:
     with capture_logs() as logs:
-        collector, store = beside_honest(hostile, honest)
+        collector, store = beside_honest(hostile, honest, max_stream_bytes_per_s=2**30)
         try:
             for sequence in range(20):
                 hostile.publish(sequence, payload)
@@ -135,6 +135,22 @@ def test_a_hostile_batch_is_one_malformed_batch_logged_once_without_traceback(
     assert what in malformed[0]["error"]
     assert not [e for e in logs if "exc_info" in e or e["log_level"] == "error"]
     assert errors(store, "internal_error") == 0
+
+
+def test_a_stream_past_its_rate_is_let_go_undecoded_and_counted(
+    hostile: StandInPublisher, honest: StandInPublisher
+) -> None:
+    """A stream sending faster than it can be applied would queue in libzmq: past
+    --kv-events.max-stream-rate its batches are read and let go, the gap counted."""
+    collector, store = beside_honest(hostile, honest, max_stream_bytes_per_s=2**20)
+    try:
+        for sequence in range(10):
+            hostile.publish(sequence, nil_events(600_000))  # 600 KB, refused when decoded
+        wait_for(lambda: errors(store, "rate_limited") >= 7, "batches let go")
+        honest_stream_applied(honest, store)
+        assert 1 <= errors(store, "malformed_batch") <= 3
+    finally:
+        collector.stop(2)
 
 
 def test_a_gap_on_every_batch_with_a_silent_replay_never_stalls_the_honest_engine(
