@@ -49,10 +49,11 @@ _POLL_MS = 200
 # line a second for an endpoint that changes on every heartbeat.
 _SUBSCRIPTION_LINES = 64
 # File descriptors a stream holds (the SUB's mailbox and TCP connection, the monitor's two
-# mailboxes), and those left to the rest of the daemon (the HTTP server's 40 connections,
-# the other collectors, libzmq's own): under a low RLIMIT_NOFILE kvcap follows fewer
-# streams rather than leave Prometheus's scrape no descriptor to be accepted on.
-_FDS_PER_SUBSCRIPTION = 4
+# mailboxes, a replay's DEALER and its connection while one is outstanding), and those
+# left to the rest of the daemon (the HTTP server's 40 connections, the other collectors,
+# libzmq's own): under a low RLIMIT_NOFILE kvcap follows fewer streams rather than leave
+# Prometheus's scrape no descriptor to be accepted on.
+_FDS_PER_SUBSCRIPTION = 6
 _FDS_KEPT_FOR_OTHERS = 128
 
 
@@ -411,7 +412,7 @@ def _add_arguments(group: FlagGroup) -> None:
         metavar="STREAMS",
         type=positive_int,
         default=DEFAULT_MAX_SUBSCRIPTIONS,
-        help="most KV event publishers followed at once (each takes ~4 file descriptors)",
+        help="most KV event publishers followed at once (each takes 4 to 6 file descriptors)",
     )
     group.add(
         "--kv-events.max-replays",

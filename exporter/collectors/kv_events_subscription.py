@@ -40,7 +40,7 @@ SUBSCRIPTION_RCVHWM = 32
 _READ_PER_TURN = 256
 _RECONNECT_IVL_MAX_MS = 5_000
 DEFAULT_MAX_SUBSCRIPTIONS = 128
-DEFAULT_MAX_REPLAYS = 16
+DEFAULT_MAX_REPLAYS = 64
 DEFAULT_MAX_STREAM_BYTES_PER_S = 8 * 2**20
 # Connected and disconnected; and the attempts libzmq makes to reconnect on its own, which
 # it never makes after a protocol error (a batch past MAXMSGSIZE): then kvcap reopens.
@@ -64,8 +64,8 @@ class KvEventsSettings:
     max_stream_bytes_per_s: int = DEFAULT_MAX_STREAM_BYTES_PER_S
     max_blocks: int = DEFAULT_MAX_BLOCKS  # per engine while its pool is unknown
     max_groups: int = DEFAULT_MAX_GROUPS  # KV cache groups per engine
-    # Streams followed at once (each holds 2 sockets and ~4 file descriptors) and replays
-    # outstanding at once (one socket each); past them an endpoint waits, a gap is missed.
+    # Streams followed at once (each holds 2 sockets and 4 file descriptors, 6 with a
+    # replay) and replays outstanding at once; past them an endpoint waits, a gap is missed.
     max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS
     max_replays: int = DEFAULT_MAX_REPLAYS
     replay_timeout_s: float = 2.0
