@@ -232,9 +232,11 @@ class BatchDecoder:
                     continue
                 if index:
                     decoders.insert(0, decoders.pop(index))
-                hashes = sum(len(getattr(e, "block_hashes", ())) for e in batch.events)
-                if hashes > limits.max_hashes:
-                    raise _too_many_hashes(limits)
+                # A hash takes a byte at least: a batch this small cannot hold too many.
+                if size > limits.max_hashes:
+                    hashes = sum(len(getattr(e, "block_hashes", ())) for e in batch.events)
+                    if hashes > limits.max_hashes:
+                        raise _too_many_hashes(limits)
                 return DecodedBatch(batch.ts, batch.data_parallel_rank, batch.events)
         return self._decode_event_by_event(payload)
 

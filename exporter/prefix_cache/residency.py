@@ -117,6 +117,7 @@ class EngineResidency:
         self.last_ts = 0.0
         # Bounds hit since the collector last took them: {reason: count}.
         self.bound_hits: dict[str, int] = {}
+        self._resident: dict[str, int] = {}  # blocks per medium, all its groups together
         self.pools: dict[tuple[int, str], BlockPool] = {}
         self.approximate_reason: str | None = None
         self.cleared_total = 0
@@ -203,11 +204,7 @@ class EngineResidency:
             pool.kind = event.kv_cache_spec_kind
         medium = event.medium or DEFAULT_MEDIUM
         limit = self.medium_bound(medium)
-        sharing = (
-            list(self.pools.values())
-            if limit is None
-            else [p for (_, m), p in self.pools.items() if m == medium]
-        )
+        per_medium = limit is not None
         limit = self.max_blocks if limit is None else limit
         hashes = event.block_hashes
         if len(hashes) > limit:  # only the newest `limit` could stay: skip the others
@@ -219,34 +216,39 @@ class EngineResidency:
             # A hash already resident keeps its first store time.
             if block_hash not in blocks:
                 blocks[block_hash] = ts
-        pool.stored_total += len(blocks) - before
+        added = len(blocks) - before
+        pool.stored_total += added
         pool.peak = max(pool.peak, len(blocks))
-        excess = sum(len(p.blocks) for p in sharing) - limit
-        if excess > 0:
-            self._prune_oldest(sharing, excess)
+        resident = self._resident
+        resident[medium] = resident.get(medium, 0) + added
+        used = resident[medium] if per_medium else sum(resident.values())
+        if used > limit:
+            sharing = [(m, p) for (_, m), p in self.pools.items() if m == medium or not per_medium]
+            self._prune_oldest(sharing, used - limit)
             self._overflowed()
 
     def _overflowed(self) -> None:
         self._hit("pool_overflow")
         self.mark_approximate("more blocks than the pool holds: removals were missed")
 
-    @staticmethod
-    def _prune_oldest(sharing: list[BlockPool], count: int) -> None:
+    def _prune_oldest(self, sharing: list[tuple[str, BlockPool]], count: int) -> None:
         """Drop the `count` oldest blocks of the sets sharing a bound (removals were
         missed). A set is in store-time order (times never go back), so the oldest are
         a merge of the sets' fronts; each block is pruned at most once after its store."""
-        fronts = [_by_store_time(index, p) for index, p in enumerate(sharing)]
+        fronts = [_by_store_time(index, p) for index, (_, p) in enumerate(sharing)]
         for _, index, _, block_hash in list(islice(heapq.merge(*fronts), count)):
-            pool = sharing[index]
+            medium, pool = sharing[index]
             del pool.blocks[block_hash]
             pool.removed_total += 1
-        for pool in sharing:
+            self._resident[medium] -= 1
+        for _, pool in sharing:
             if pool.peak > _COMPACT_ABOVE and len(pool.blocks) * 4 < pool.peak:
                 pool.blocks = dict(pool.blocks)
                 pool.peak = len(pool.blocks)
 
     def _remove(self, event: RemovedEvent, ts: float) -> None:
-        pool = self.pools.get((event.group_idx or 0, event.medium or DEFAULT_MEDIUM))
+        medium = event.medium or DEFAULT_MEDIUM
+        pool = self.pools.get((event.group_idx or 0, medium))
         hashes = event.block_hashes
         if pool is None:
             self.drop("unknown_block", len(hashes))
@@ -265,6 +267,7 @@ class EngineResidency:
             total_s += seconds
         lifetimes.sum_s += total_s
         pool.removed_total += len(hashes) - unknown
+        self._resident[medium] -= len(hashes) - unknown
         if unknown:
             self.drop("unknown_block", unknown)
 
@@ -283,6 +286,7 @@ class EngineResidency:
             self.changed = True
 
     def _clear(self) -> None:
+        self._resident.clear()
         for pool in self.pools.values():
             pool.removed_total += len(pool.blocks)
             pool.blocks.clear()  # frees the table too

@@ -53,6 +53,9 @@ def apply_or_reject(payload: bytes) -> EngineResidency:
         assert 0 <= pool.resident_blocks <= POOL
         assert pool.stored_total - pool.removed_total == pool.resident_blocks
     assert len({p.medium for p in view.pools}) <= 4
+    for medium in {p.medium for p in view.pools}:  # the running count the bound checks
+        in_sets = sum(p.resident_blocks for p in view.pools if p.medium == medium)
+        assert residency._resident.get(medium, 0) == in_sets
     assert all(0 <= p.group < 64 for p in view.pools)
     received = len(batch.events) + batch.rejected
     assert view.events_received_total == received
