@@ -49,6 +49,7 @@ LANES = {
     "faults/test_hostile_handshake.py": "process",
     "faults/test_hostile_handshake_bounds.py": "process",
     "faults/test_hostile_http.py": "process",
+    "faults/test_hostile_kv_events.py": "process",
     "faults/test_hostile_vllm.py": "process",
     "nvml/test_nvml_check.py": "process",
 }

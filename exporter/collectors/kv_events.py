@@ -7,81 +7,66 @@ Endpoints come from --kv-events.endpoint, and from what the other collectors lea
 snapshot's engines to `engines_changed`, with the restarts the state noticed. A sequence
 gap is filled from the engine's replay endpoint when it has one; else the residency is
 marked approximate until an AllBlocksCleared or a restart.
+
+Discovered endpoints are followed only for engines the state knows and holds fresh, one
+per engine: a new endpoint replaces the engine's old subscription, and a stale or
+forgotten engine's is closed. A socket that cannot be made (no file descriptors left) is
+a counted error, tried again on a later tick; nothing a publisher does ends the thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-import structlog
 import zmq
 
+from exporter.collectors.kv_events_book import EngineHint, ResidencyBook, engine_hints
 from exporter.collectors.kv_events_endpoints import parse_endpoint_flag
-from exporter.collectors.kv_events_subscription import NAME, KvEventsSettings, Subscription
+from exporter.collectors.kv_events_log import ErrorTally, LimitedLog
+from exporter.collectors.kv_events_subscription import (
+    DEFAULT_MAX_REPLAYS,
+    DEFAULT_MAX_STREAM_BYTES_PER_S,
+    DEFAULT_MAX_SUBSCRIPTIONS,
+    LOGGER,
+    NAME,
+    KvEventsSettings,
+    ReplaySlots,
+    Subscription,
+)
 from exporter.collectors.registry import CollectorSpec, register_collector
 from exporter.flags import FlagGroup, positive_int, size
-from exporter.prefix_cache import DEFAULT_MAX_BLOCKS, EngineResidency
-from exporter.state import KvEventsEndpoint, ResidencyView, Snapshot, StateSink
-
-log = structlog.get_logger("kvcap.kv_events")
+from exporter.kv_events_wire import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_EVENTS, DEFAULT_MAX_HASHES
+from exporter.prefix_cache import DEFAULT_MAX_BLOCKS, DEFAULT_MAX_GROUPS
+from exporter.state import KvEventsEndpoint, Snapshot, StateSink
 
 _POLL_MS = 200
+# Subscriptions logged per minute: every engine of a large deployment at start-up, not a
+# line a second for an endpoint that changes on every heartbeat.
+_SUBSCRIPTION_LINES = 64
+# File descriptors a stream holds (the SUB's mailbox and TCP connection, the monitor's two
+# mailboxes, a replay's DEALER and its connection while one is outstanding), and those
+# left to the rest of the daemon (the HTTP server's 40 connections, the other collectors,
+# libzmq's own): under a low RLIMIT_NOFILE kvcap follows fewer streams rather than leave
+# Prometheus's scrape no descriptor to be accepted on.
+_FDS_PER_SUBSCRIPTION = 6
+_FDS_KEPT_FOR_OTHERS = 128
+
+
+def subscription_room(max_subscriptions: int) -> int:
+    """The streams this process may follow: the flag, within its descriptor limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_subscriptions
+    room = (soft - _FDS_KEPT_FOR_OTHERS) // _FDS_PER_SUBSCRIPTION
+    return max(1, min(max_subscriptions, room))
+
+
 _Handlers = dict[Any, Callable[[StateSink], None]]
-
-
-@dataclass(frozen=True, slots=True)
-class EngineHint:
-    """What the engine state knows about one engine that the residency needs."""
-
-    num_gpu_blocks: int | None
-    restarts: int  # restarts the state noticed so far
-    kv_events: KvEventsEndpoint | None
-
-
-def engine_hints(snapshot: Snapshot) -> dict[str, EngineHint]:
-    return {
-        view.engine: EngineHint(
-            view.capacity.num_gpu_blocks, snapshot.restarts.get(view.engine, 0), view.kv_events
-        )
-        for view in snapshot.engines
-    }
-
-
-class ResidencyBook:
-    """Every engine's residency, by engine label; the collector's thread alone uses it."""
-
-    def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
-        self._max_blocks = max_blocks
-        self._engines: dict[str, EngineResidency] = {}
-        self._restarts: dict[str, int] = {}
-
-    def engine(self, engine: str) -> EngineResidency:
-        found = self._engines.get(engine)
-        if found is None:
-            found = self._engines[engine] = EngineResidency(engine, self._max_blocks)
-        return found
-
-    def changed(self) -> list[ResidencyView]:
-        """The records of the engines that moved since the last call."""
-        return [e.view() for e in self._engines.values() if e.changed]
-
-    def apply_hints(self, hints: Mapping[str, EngineHint]) -> None:
-        """Pool sizes bound the sets; a restart the state noticed empties the cache."""
-        for engine, residency in self._engines.items():
-            hint = hints.get(engine)
-            if hint is None:
-                continue
-            residency.set_pool_blocks(hint.num_gpu_blocks)
-            before = self._restarts.get(engine)
-            self._restarts[engine] = hint.restarts
-            if before is not None and hint.restarts > before:
-                log.info("engine_restarted_residency_cleared", engine=engine)
-                residency.reset()
 
 
 class KvEventsCollector:
@@ -95,11 +80,17 @@ class KvEventsCollector:
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
         self.settings = settings
-        self.book = ResidencyBook(settings.max_blocks)
+        self.log = LimitedLog(LOGGER)  # one line per cause per interval, per collector
+        self.book = ResidencyBook(settings.max_blocks, settings.max_groups, self.log)
         self.context = context or zmq.Context.instance()
+        self.tally = ErrorTally(NAME)
+        self.replay_slots = ReplaySlots(settings.max_replays)
+        self.max_subscriptions = subscription_room(settings.max_subscriptions)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._subscriptions: dict[str, Subscription] = {}
+        # The endpoint followed for each discovered engine (the flags' are kept for good).
+        self._discovered: dict[str, str] = {}
         # The poller of the sockets polled last, by their ids (the poller holds the sockets,
         # so no id is reused while it is kept).
         self._polled: tuple[tuple[tuple[int, int], ...], zmq.Poller, _Handlers] | None = None
@@ -124,18 +115,25 @@ class KvEventsCollector:
             self._thread.join(timeout_s)
 
     def _run(self, sink: StateSink) -> None:
-        for endpoint in self.settings.endpoints:
-            self._subscribe(endpoint, sink)
         next_tick = 0.0
         try:
             while not self._stop.is_set():
-                if time.monotonic() >= next_tick:
-                    self._tick(sink)
-                    next_tick = time.monotonic() + self.settings.discovery_interval_s
-                self._poll_once(sink)
+                try:
+                    if time.monotonic() >= next_tick:
+                        next_tick = time.monotonic() + self.settings.discovery_interval_s
+                        self._tick(sink)
+                    self._poll_once(sink)
+                except Exception as error:
+                    self._internal_error(error)
+                    self._stop.wait(_POLL_MS / 1000)
         finally:
             for subscription in self._subscriptions.values():
                 subscription.close()
+
+    def _internal_error(self, error: Exception) -> None:
+        message = f"{type(error).__name__}: {error}"
+        self.tally.count("internal_error", NAME, message)
+        self.log.warning("kv_events_handling_failed", error=message)
 
     def _poll_once(self, sink: StateSink) -> None:
         if not self._subscriptions:
@@ -145,9 +143,8 @@ class KvEventsCollector:
         for socket, _ in poller.poll(_POLL_MS):
             try:
                 handlers[socket](sink)
-            except Exception as error:  # never let one bad message end the collector
-                log.exception("kv_events_handling_failed", error=str(error))
-                sink.reject(NAME, "kv_events", "internal_error", str(error))
+            except Exception as error:
+                self._internal_error(error)
         now = time.monotonic()
         for subscription in list(self._subscriptions.values()):
             subscription.expire(sink, now)
@@ -179,11 +176,17 @@ class KvEventsCollector:
     def _tick(self, sink: StateSink) -> None:
         engines = self._engines
         hints = engine_hints(engines) if engines is not None else {}
+        for endpoint in self.settings.endpoints:  # again if it could not be made before
+            self._subscribe(endpoint, sink)
         if self.settings.discover:
-            for hint in hints.values():
-                if hint.kv_events is not None:
-                    self._subscribe(hint.kv_events, sink)
+            self._follow(hints, sink)
         self.book.apply_hints(hints)
+        followed = {s.engine for s in self._subscriptions.values() if s.engine is not None}
+        gone = self.book.forget_unfollowed(hints, followed)
+        if gone:
+            sink.remove_residency(NAME, gone)
+        self.book.tally_bound_hits(self.tally)
+        self.tally.flush(sink)  # before the residency: a reader that sees it sees these
         sink.publish_residency(NAME, self.book.changed())
         for subscription in self._subscriptions.values():
             age = time.monotonic() - subscription.created_at
@@ -191,17 +194,74 @@ class KvEventsCollector:
                 subscription.reported = True
                 sink.fail(NAME, subscription.endpoint.endpoint, "not_connected", "no publisher")
 
-    def _subscribe(self, endpoint: KvEventsEndpoint, sink: StateSink) -> None:
+    def _follow(self, hints: Mapping[str, EngineHint], sink: StateSink) -> None:
+        """One subscription per known, live engine that names an endpoint; the others'
+        closed (an engine whose endpoint moved, went stale or was forgotten)."""
+        wanted = {
+            engine: hint.kv_events
+            for engine, hint in hints.items()
+            if hint.kv_events is not None and hint.live
+        }
+        for engine, followed in list(self._discovered.items()):
+            still = wanted.get(engine)
+            if still is None or still.endpoint != followed:
+                del self._discovered[engine]
+                self._unsubscribe(followed, sink)
+        for engine, endpoint in wanted.items():
+            if self._subscribe(endpoint, sink):
+                self._discovered[engine] = endpoint.endpoint
+
+    def _unsubscribe(self, endpoint: str, sink: StateSink) -> None:
+        if any(e.endpoint == endpoint for e in self.settings.endpoints):
+            return  # given by a flag: followed for good
+        if endpoint in self._discovered.values():
+            return  # still another engine's
+        subscription = self._subscriptions.pop(endpoint, None)
+        if subscription is not None:
+            self.log.info("kv_events_unsubscribed", endpoint=endpoint, lines=_SUBSCRIPTION_LINES)
+            subscription.close()
+            sink.unregister_target(NAME, endpoint)
+
+    def _subscribe(self, endpoint: KvEventsEndpoint, sink: StateSink) -> bool:
+        """Follow `endpoint`; False when it cannot be (the cap, no descriptors left)."""
         current = self._subscriptions.get(endpoint.endpoint)
         if current is not None and current.endpoint == endpoint:
-            return
+            return True
+        if current is None and len(self._subscriptions) >= self.max_subscriptions:
+            self.tally.count(
+                "too_many_subscriptions",
+                endpoint.endpoint,
+                f"{self.max_subscriptions} followed (--kv-events.max-subscriptions, nofile)",
+            )
+            self.log.warning("kv_events_too_many_subscriptions", endpoint=endpoint.endpoint)
+            return False
+        try:
+            subscription = Subscription(
+                self.context,
+                endpoint,
+                self.book.engine,
+                self.settings,
+                tally=self.tally,
+                replay_slots=self.replay_slots,
+                log=self.log,
+            )
+        except zmq.ZMQError as error:  # EMFILE: tried again on the next tick
+            self.tally.count("subscribe_failed", endpoint.endpoint, str(error))
+            self.log.warning(
+                "kv_events_subscribe_failed", endpoint=endpoint.endpoint, error=str(error)
+            )
+            return False
         if current is not None:
             current.close()
-        log.info("kv_events_subscribing", endpoint=endpoint.endpoint, engine=endpoint.engine)
-        sink.register_target(NAME, endpoint.endpoint)
-        self._subscriptions[endpoint.endpoint] = Subscription(
-            self.context, endpoint, self.book.engine, self.settings
+        self.log.info(
+            "kv_events_subscribing",
+            endpoint=endpoint.endpoint,
+            engine=endpoint.engine,
+            lines=_SUBSCRIPTION_LINES,
         )
+        sink.register_target(NAME, endpoint.endpoint)
+        self._subscriptions[endpoint.endpoint] = subscription
+        return True
 
 
 def _add_arguments(group: FlagGroup) -> None:
@@ -224,16 +284,62 @@ def _add_arguments(group: FlagGroup) -> None:
         "--kv-events.max-message-size",
         metavar="SIZE",
         type=size,
-        default=64 * 2**20,
-        default_text="64MiB",
-        help="largest accepted event batch",
+        default=DEFAULT_MAX_BATCH_BYTES,
+        default_text="16MiB",
+        help="largest accepted event batch (libzmq drops a publisher that sends a bigger "
+        "one; kvcap subscribes again after a back-off)",
+    )
+    group.add(
+        "--kv-events.max-stream-rate",
+        metavar="SIZE",
+        type=size,
+        default=DEFAULT_MAX_STREAM_BYTES_PER_S,
+        default_text="8MiB",
+        help="most bytes of batches applied per second and stream; past it batches are let "
+        "go undecoded and the gap is replayed or counted",
     )
     group.add(
         "--kv-events.max-blocks",
         metavar="BLOCKS",
         type=positive_int,
         default=DEFAULT_MAX_BLOCKS,
-        help="most blocks tracked per group and medium while the pool size is unknown",
+        help="most blocks tracked per engine, all groups and media together, while its pool "
+        "size (num_gpu_blocks) is unknown; once known, each medium holds at most its pool",
+    )
+    group.add(
+        "--kv-events.max-groups",
+        metavar="GROUPS",
+        type=positive_int,
+        default=DEFAULT_MAX_GROUPS,
+        help="most KV cache groups tracked per engine (each group and medium is ~20 series)",
+    )
+    group.add(
+        "--kv-events.max-batch-events",
+        metavar="EVENTS",
+        type=positive_int,
+        default=DEFAULT_MAX_EVENTS,
+        help="most events in one batch (refused at the batch's header, before decoding)",
+    )
+    group.add(
+        "--kv-events.max-batch-hashes",
+        metavar="HASHES",
+        type=positive_int,
+        default=DEFAULT_MAX_HASHES,
+        help="most block hashes in one batch, all its events together",
+    )
+    group.add(
+        "--kv-events.max-subscriptions",
+        metavar="STREAMS",
+        type=positive_int,
+        default=DEFAULT_MAX_SUBSCRIPTIONS,
+        help="most KV event publishers followed at once (each takes 4 to 6 file descriptors)",
+    )
+    group.add(
+        "--kv-events.max-replays",
+        metavar="REPLAYS",
+        type=positive_int,
+        default=DEFAULT_MAX_REPLAYS,
+        help="most replay requests outstanding at once; past it a gap counts as missed",
     )
 
 
@@ -249,7 +355,13 @@ def _build(args: argparse.Namespace) -> KvEventsCollector | None:
             endpoints=endpoints,
             discover=args.kv_events_discover,
             max_message_bytes=args.kv_events_max_message_size,
+            max_stream_bytes_per_s=max(1, args.kv_events_max_stream_rate),
             max_blocks=max(1, args.kv_events_max_blocks),
+            max_groups=max(1, args.kv_events_max_groups),
+            max_batch_events=max(1, args.kv_events_max_batch_events),
+            max_batch_hashes=max(1, args.kv_events_max_batch_hashes),
+            max_subscriptions=max(1, args.kv_events_max_subscriptions),
+            max_replays=max(1, args.kv_events_max_replays),
         )
     )
 

@@ -19,8 +19,9 @@ from exporter.kv_events_wire import MalformedBatch, parse_sequence, sequence_fra
 _END_OF_REPLAY = -1
 # Replayed batches libzmq may queue for one request before it stops reading the socket:
 # TCP then holds the rest back, and vLLM's replay ROUTER queues a whole replay on its side
-# (its SNDHWM is 2 x buffer_steps + 2), so nothing is lost; the loop drains them as they come.
-REPLAY_RCVHWM = 1_000
+# (its SNDHWM is 2 x buffer_steps + 2), so nothing is lost; the loop drains them as they
+# come. Each may be up to MAXMSGSIZE, all in the daemon's RSS: 32, not 1,000.
+REPLAY_RCVHWM = 32
 # Messages read per readiness of the socket, so one long replay shares the loop.
 _READ_PER_TURN = 256
 

@@ -124,7 +124,8 @@ DROPPED: Table[DroppedRow] = Table(
             "kvcap_kv_events_dropped",
             "KV events or blocks kvcap could not apply, by reason: rejected (an event that "
             "does not decode), malformed_batch, missed (batches lost to a gap), "
-            "unknown_block (a removal of a block not resident), too_many_media.",
+            "unknown_block (a removal of a block not resident), too_many_media, "
+            "too_many_groups (past --kv-events.max-groups).",
             lambda r: r[2],
         ),
     ),

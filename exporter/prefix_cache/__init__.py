@@ -2,12 +2,14 @@
 
 from exporter.prefix_cache.residency import (
     DEFAULT_MAX_BLOCKS,
+    DEFAULT_MAX_GROUPS,
     LIFETIME_BUCKETS_S,
     EngineResidency,
 )
 
 __all__ = [
     "DEFAULT_MAX_BLOCKS",
+    "DEFAULT_MAX_GROUPS",
     "LIFETIME_BUCKETS_S",
     "EngineResidency",
 ]

@@ -1,16 +1,22 @@
 """What each engine's prefix cache holds, rebuilt from its KV events (no I/O, no locks).
 
 Per engine, KV cache group and medium: the resident block hashes, each with the engine
-time it was stored, so a removal yields the block's lifetime. A set never holds more
-blocks than the engine's pool (`num_gpu_blocks`): beyond that the oldest are pruned and
-the residency is marked approximate, so a wrong stream cannot grow memory without bound.
+time it was stored, so a removal yields the block's lifetime. The groups of one medium
+share its blocks (vLLM's groups share one pool), so together they never hold more than
+the medium has: the GPU's `num_gpu_blocks`, an offload tier's blocks where vLLM reports
+them, else again `num_gpu_blocks`; while the pool is unknown, all of the engine's sets
+together hold at most `max_blocks`. Beyond that the oldest are pruned and the residency
+is marked approximate, so a wrong stream cannot grow memory without bound. Groups and
+media per engine are capped too: each (group, medium) is ~20 series.
 The sets are mutable and belong to the kv_events collector's thread alone; what others
 see is the immutable `ResidencyView` that `view()` returns and the collector publishes.
 """
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Final
@@ -28,8 +34,12 @@ DEFAULT_MEDIUM: Final = "GPU"  # releases before 0.10.2 name no medium: their bl
 # Media per engine kvcap tracks; vLLM has three (GPU, CPU, STORAGE). A stream naming more
 # is not a real engine, and each medium is a label value.
 MAX_MEDIA: Final = 4
-# The bound when the engine's pool size is not known yet.
-DEFAULT_MAX_BLOCKS: Final = 2**22
+# Blocks of one engine, over all its groups and media, while its pool size is not known:
+# ~30 MiB at ~119 B a block (docs/reliability.md).
+DEFAULT_MAX_BLOCKS: Final = 2**18
+# KV cache groups per engine kvcap tracks: vLLM's hybrid models have a handful (Gemma 3:
+# 6, a 7:1 hybrid: 8); 16 groups x 4 media keeps an engine's residency within ~1,400 series.
+DEFAULT_MAX_GROUPS: Final = 16
 # Store-to-removal seconds: a prefix evicted within seconds is thrashing; one that lives
 # for hours is a system prompt.
 LIFETIME_BUCKETS_S: Final = (
@@ -63,6 +73,9 @@ class Lifetimes:
         self.sum_s += seconds
 
 
+_COMPACT_ABOVE: Final = 4_096  # blocks; below, a set's table is too small to matter
+
+
 @dataclass(slots=True)
 class BlockPool:
     """The resident blocks of one group and medium, and what ever entered and left it."""
@@ -72,17 +85,39 @@ class BlockPool:
     kind: str | None = None  # kv_cache_spec_kind, where the release sends it
     stored_total: int = 0
     removed_total: int = 0  # left by removal, clear, prune or restart: stored - removed = resident
+    # The most blocks the set held since it was last compacted: a dict never shrinks its
+    # table, so sets pruned far below their peak are copied (the memory goes back).
+    peak: int = 0
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
+
+
+def _by_store_time(index: int, pool: BlockPool) -> Iterator[tuple[float, int, int, int | bytes]]:
+    """A set's blocks, oldest first, as merge keys (store time, set, position, hash)."""
+    for position, (block_hash, ts) in enumerate(pool.blocks.items()):
+        yield ts, index, position, block_hash
 
 
 class EngineResidency:
     """The residency of one engine, changed by its KV event batches. `changed`: something
     moved since the last `view()`."""
 
-    def __init__(self, engine: str, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
+    def __init__(
+        self,
+        engine: str,
+        max_blocks: int = DEFAULT_MAX_BLOCKS,
+        max_groups: int = DEFAULT_MAX_GROUPS,
+    ) -> None:
         self.engine = engine
         self.max_blocks = max_blocks
+        self.max_groups = max_groups
         self.pool_blocks: int | None = None
+        self.tier_blocks: dict[str, int] = {}  # offload medium ("CPU") -> its blocks
+        # The latest engine time applied: a batch stamped earlier counts at this time, so
+        # lifetimes never go negative and their sum only grows by finite steps.
+        self.last_ts = 0.0
+        # Bounds hit since the collector last took them: {reason: count}.
+        self.bound_hits: dict[str, int] = {}
+        self._resident: dict[str, int] = {}  # blocks per medium, all its groups together
         self.pools: dict[tuple[int, str], BlockPool] = {}
         self.approximate_reason: str | None = None
         self.cleared_total = 0
@@ -102,19 +137,33 @@ class EngineResidency:
         self.changed = self.changed or connected != self._up
         self._up = connected
 
-    def set_pool_blocks(self, blocks: int | None) -> None:
-        """The engine's pool size (num_gpu_blocks), where the engine state knows it."""
+    def set_pool_blocks(self, blocks: int | None, tiers: Mapping[str, int] | None = None) -> None:
+        """The engine's pool size (num_gpu_blocks) and its offload tiers' blocks by medium,
+        where the engine state knows them."""
         if blocks != self.pool_blocks:
             self.pool_blocks = blocks
             self.changed = True
+        self.tier_blocks = {medium.upper(): n for medium, n in (tiers or {}).items() if n > 0}
 
-    @property
-    def bound(self) -> int:
-        return min(self.pool_blocks, self.max_blocks) if self.pool_blocks else self.max_blocks
+    def medium_bound(self, medium: str) -> int | None:
+        """Blocks the groups of `medium` may hold together; None while the pool is
+        unknown (then `max_blocks` bounds the engine's sets all together)."""
+        if not self.pool_blocks:
+            return None
+        if medium == DEFAULT_MEDIUM:
+            return self.pool_blocks
+        return self.tier_blocks.get(medium, self.pool_blocks)
+
+    def take_bound_hits(self) -> dict[str, int]:
+        hits, self.bound_hits = self.bound_hits, {}
+        return hits
+
+    def _hit(self, reason: str, count: int = 1) -> None:
+        self.bound_hits[reason] = self.bound_hits.get(reason, 0) + count
 
     def apply(self, batch: DecodedBatch) -> None:
         """Apply one decoded batch (the caller has checked its sequence number)."""
-        ts = batch.ts
+        ts = self.last_ts = max(batch.ts, self.last_ts)
         self.changed = True
         self.events_received_total += len(batch.events) + batch.rejected
         if batch.rejected:
@@ -131,46 +180,75 @@ class EngineResidency:
                 # A clear empties the engine's cache: from here on the sets are exact.
                 self.approximate_reason = None
 
-    def _pool(self, group: int | None, medium: str | None) -> BlockPool | None:
+    def _pool(self, group: int | None, medium: str | None) -> BlockPool | str:
+        """The set of one group and medium, or why there is none (a bound)."""
         key = (group or 0, medium or DEFAULT_MEDIUM)
         pool = self.pools.get(key)
         if pool is None:
             if len({m for _, m in self.pools} | {key[1]}) > MAX_MEDIA:
-                return None
+                return "too_many_media"
+            if len({g for g, _ in self.pools} | {key[0]}) > self.max_groups:
+                return "too_many_groups"
             pool = self.pools[key] = BlockPool()
         return pool
 
     def _store(self, event: StoredEvent, ts: float) -> None:
         pool = self._pool(event.group_idx, event.medium)
-        if pool is None:
-            self.drop("too_many_media")
+        if isinstance(pool, str):
+            self.drop(pool)
+            self._hit(pool)
             return
         if event.block_size is not None:
             pool.block_size = event.block_size
         if event.kv_cache_spec_kind is not None:
             pool.kind = event.kv_cache_spec_kind
+        medium = event.medium or DEFAULT_MEDIUM
+        limit = self.medium_bound(medium)
+        per_medium = limit is not None
+        limit = self.max_blocks if limit is None else limit
+        hashes = event.block_hashes
+        if len(hashes) > limit:  # only the newest `limit` could stay: skip the others
+            hashes = hashes[len(hashes) - limit :]
+            self._overflowed()
         blocks = pool.blocks
         before = len(blocks)
-        for block_hash in event.block_hashes:
+        for block_hash in hashes:
             # A hash already resident keeps its first store time.
             if block_hash not in blocks:
                 blocks[block_hash] = ts
-        pool.stored_total += len(blocks) - before
-        excess = len(blocks) - self.bound
-        if excess > 0:
-            self._prune(pool, excess)
+        added = len(blocks) - before
+        pool.stored_total += added
+        pool.peak = max(pool.peak, len(blocks))
+        resident = self._resident
+        resident[medium] = resident.get(medium, 0) + added
+        used = resident[medium] if per_medium else sum(resident.values())
+        if used > limit:
+            sharing = [(m, p) for (_, m), p in self.pools.items() if m == medium or not per_medium]
+            self._prune_oldest(sharing, used - limit)
+            self._overflowed()
 
-    def _prune(self, pool: BlockPool, excess: int) -> None:
-        """More blocks than the pool holds: removals were missed. Drop the oldest."""
-        # One scan for all of them: popping the first key one at a time rescans the
-        # holes the earlier pops left at the front of the dict.
-        for block_hash in list(islice(pool.blocks, excess)):
-            del pool.blocks[block_hash]
-        pool.removed_total += excess
+    def _overflowed(self) -> None:
+        self._hit("pool_overflow")
         self.mark_approximate("more blocks than the pool holds: removals were missed")
 
+    def _prune_oldest(self, sharing: list[tuple[str, BlockPool]], count: int) -> None:
+        """Drop the `count` oldest blocks of the sets sharing a bound (removals were
+        missed). A set is in store-time order (times never go back), so the oldest are
+        a merge of the sets' fronts; each block is pruned at most once after its store."""
+        fronts = [_by_store_time(index, p) for index, (_, p) in enumerate(sharing)]
+        for _, index, _, block_hash in list(islice(heapq.merge(*fronts), count)):
+            medium, pool = sharing[index]
+            del pool.blocks[block_hash]
+            pool.removed_total += 1
+            self._resident[medium] -= 1
+        for _, pool in sharing:
+            if pool.peak > _COMPACT_ABOVE and len(pool.blocks) * 4 < pool.peak:
+                pool.blocks = dict(pool.blocks)
+                pool.peak = len(pool.blocks)
+
     def _remove(self, event: RemovedEvent, ts: float) -> None:
-        pool = self.pools.get((event.group_idx or 0, event.medium or DEFAULT_MEDIUM))
+        medium = event.medium or DEFAULT_MEDIUM
+        pool = self.pools.get((event.group_idx or 0, medium))
         hashes = event.block_hashes
         if pool is None:
             self.drop("unknown_block", len(hashes))
@@ -189,6 +267,7 @@ class EngineResidency:
             total_s += seconds
         lifetimes.sum_s += total_s
         pool.removed_total += len(hashes) - unknown
+        self._resident[medium] -= len(hashes) - unknown
         if unknown:
             self.drop("unknown_block", unknown)
 
@@ -207,14 +286,17 @@ class EngineResidency:
             self.changed = True
 
     def _clear(self) -> None:
+        self._resident.clear()
         for pool in self.pools.values():
             pool.removed_total += len(pool.blocks)
-            pool.blocks.clear()
+            pool.blocks.clear()  # frees the table too
+            pool.peak = 0
 
     def reset(self, reason: str | None = None) -> None:
         """The engine restarted (new instance, sequence from zero): nothing it cached
         survives. `reason`: why what follows is approximate, None when it is exact."""
         self._clear()
+        self.last_ts = 0.0
         self.cleared_total += 1
         self.approximate_reason = reason
         self.changed = True

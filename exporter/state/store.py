@@ -31,6 +31,8 @@ class StateSink(Protocol):
 
     def register_target(self, collector: str, target: str) -> None: ...
 
+    def unregister_target(self, collector: str, target: str) -> None: ...
+
     def publish(
         self,
         collector: str,
@@ -63,7 +65,9 @@ class StateSink(Protocol):
         stale: bool = True,
     ) -> None: ...
 
-    def reject(self, collector: str, target: str, reason: str, message: str) -> None: ...
+    def reject(
+        self, collector: str, target: str, reason: str, message: str, *, count: int = 1
+    ) -> None: ...
 
     def publish_gpus(
         self,
@@ -75,6 +79,8 @@ class StateSink(Protocol):
     ) -> None: ...
 
     def publish_residency(self, collector: str, residency: Sequence[ResidencyView]) -> None: ...
+
+    def remove_residency(self, collector: str, engines: Sequence[str]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +157,14 @@ class StateStore:
         with self._lock:
             self._target(collector, target)
             self._rebuild(collector, engines_changed=False)
+
+    def unregister_target(self, collector: str, target: str) -> None:
+        """A target the collector no longer reads (a KV event endpoint an engine moved
+        away from): its status series go with it; its errors stay counted."""
+        with self._changing():
+            if self._targets.pop((collector, target), None) is not None:
+                self._gpus.pop((collector, target), None)
+                self._rebuild(collector)
 
     def publish(
         self,
@@ -291,9 +305,20 @@ class StateStore:
                 self._residency[view.engine] = view
             self._rebuild(collector, engines_changed=False)
 
-    def reject(self, collector: str, target: str, reason: str, message: str) -> None:
-        """A bad input that did not stop the collector (a malformed frame): count it, log
-        the first of each reason, and change nothing else."""
+    def remove_residency(self, collector: str, engines: Sequence[str]) -> None:
+        """The residency of engines no collector follows any more (forgotten, gone stale):
+        their series go."""
+        with self._changing():
+            removed = [e for e in engines if self._residency.pop(e, None) is not None]
+            if removed:
+                self._rebuild(collector, engines_changed=False)
+
+    def reject(
+        self, collector: str, target: str, reason: str, message: str, *, count: int = 1
+    ) -> None:
+        """A bad input that did not stop the collector (a malformed frame): count it (or
+        `count` of them, tallied by the collector), log the first of each reason, and
+        change nothing else."""
         with self._lock:
             if (collector, reason) not in self._errors:
                 log.warning(
@@ -303,12 +328,12 @@ class StateStore:
                     reason=reason,
                     error=message,
                 )
-            self._count(collector, reason)
+            self._count(collector, reason, count)
             self._rebuild(collector, engines_changed=False)
 
-    def _count(self, collector: str, reason: str) -> None:
+    def _count(self, collector: str, reason: str, count: int = 1) -> None:
         key = (collector, reason)
-        self._errors[key] = self._errors.get(key, 0) + 1
+        self._errors[key] = self._errors.get(key, 0) + count
 
     def _target(self, collector: str, target: str) -> _Target:
         key = (collector, target)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import msgspec
+import pytest
 
-from exporter.kv_events_wire import decode_batch
+from exporter.kv_events_wire import MalformedBatch, decode_batch
 from exporter.prefix_cache import LIFETIME_BUCKETS_S, EngineResidency
 from tests.kv_events_data import (
     EVICTIONS,
@@ -109,15 +110,78 @@ def test_lifetimes_fall_in_their_buckets() -> None:
         (100.0, {"type": "BlockStored", "block_hashes": [1, 2, 3]}),
         (103.0, {"type": "BlockRemoved", "block_hashes": [1]}),
         (200.0, {"type": "BlockRemoved", "block_hashes": [2]}),
-        (99.0, {"type": "BlockRemoved", "block_hashes": [3]}),  # a clock step backwards
+        # A clock step backwards: the batch counts at the latest engine time seen (200 s).
+        (99.0, {"type": "BlockRemoved", "block_hashes": [3]}),
+        (300.0, {"type": "BlockStored", "block_hashes": [4]}),
+        (300.0, {"type": "BlockRemoved", "block_hashes": [4]}),
     ]:
         residency.apply(decode_batch(msgspec.msgpack.encode([ts, [event]])))
     (pool,) = residency.view().pools
     counts = dict(zip((*LIFETIME_BUCKETS_S, "inf"), pool.lifetime_counts, strict=True))
     assert counts[1.0] == 1  # 0 s
     assert counts[5.0] == 1  # 3 s
-    assert counts[120.0] == 1  # 100 s
-    assert pool.lifetime_sum_s == 103.0
+    assert counts[120.0] == 2  # 100 s, twice
+    assert pool.lifetime_sum_s == 203.0
+
+
+def test_timestamps_must_be_finite_times() -> None:
+    """-1e308 then 1e308 made the lifetime sum +Inf for good; they are malformed now."""
+    for ts in (-1e308, 1e308, float("inf"), float("nan"), -1.0, 2.0**41):
+        with pytest.raises(MalformedBatch, match=r"\$\[0\]"):
+            decode_batch(msgspec.msgpack.encode([ts, [{"type": "AllBlocksCleared"}]]))
+
+
+def stored(hashes: list[int], group: int = 0, medium: str = "GPU") -> dict[str, object]:
+    return {"type": "BlockStored", "block_hashes": hashes, "group_idx": group, "medium": medium}
+
+
+def resident(residency: EngineResidency) -> int:
+    return sum(p.resident_blocks for p in residency.view().pools)
+
+
+def test_the_groups_of_a_medium_share_the_pool() -> None:
+    """64 groups x 4 media x 30 k blocks held 256 x the pool; now the groups of a medium
+    hold the pool together, the newest blocks kept (oldest pruned across groups)."""
+    residency = EngineResidency("0", max_groups=64)
+    residency.set_pool_blocks(1_000, {"cpu": 3_000})
+    for group in range(64):
+        for medium in ("GPU", "CPU", "STORAGE", "DISK"):
+            first = (group * 4 + len(medium)) * 10_000
+            batch = [float(group), [stored(list(range(first, first + 300)), group, medium)]]
+            residency.apply(decode_batch(msgspec.msgpack.encode(batch)))
+    by_medium: dict[str, int] = {}
+    for pool in residency.view().pools:
+        by_medium[pool.medium] = by_medium.get(pool.medium, 0) + pool.resident_blocks
+        assert pool.stored_total - pool.removed_total == pool.resident_blocks
+    assert by_medium == {"GPU": 1_000, "CPU": 3_000, "STORAGE": 1_000, "DISK": 1_000}
+    assert residency.view().approximate
+    # The newest are kept: the GPU blocks left are those of the last groups to store.
+    gpu = {g for (g, m), p in residency.pools.items() if m == "GPU" and p.blocks}
+    assert min(gpu) >= 60
+    assert residency.take_bound_hits()["pool_overflow"] > 0
+
+
+def test_while_the_pool_is_unknown_the_engine_holds_max_blocks_in_all() -> None:
+    residency = EngineResidency("0", max_blocks=500)
+    for group in range(8):
+        batch = [1.0, [stored(list(range(group * 1000, group * 1000 + 400)), group)]]
+        residency.apply(decode_batch(msgspec.msgpack.encode(batch)))
+    assert resident(residency) == 500
+    residency.set_pool_blocks(2_000)  # the handshake told the pool: the bound moves to it
+    batch = [2.0, [stored(list(range(10_000, 12_000)), 0, "CPU")]]
+    residency.apply(decode_batch(msgspec.msgpack.encode(batch)))
+    assert resident(residency) == 2_500
+
+
+def test_groups_are_bounded() -> None:
+    residency = EngineResidency("0", max_groups=4)
+    events = [stored([i], group=i) for i in range(10)]
+    residency.apply(decode_batch(msgspec.msgpack.encode([1.0, events])))
+    view = residency.view()
+    assert len({p.group for p in view.pools}) == 4
+    assert view.dropped_total == {"too_many_groups": 6}
+    assert residency.take_bound_hits() == {"too_many_groups": 6}
+    assert residency.take_bound_hits() == {}
 
 
 def test_media_are_bounded() -> None:
