@@ -18,13 +18,15 @@ from typing import Any, Final
 import structlog
 
 from exporter.state import StateSink
+from exporter.state.log_limit import LogLimit
 
 LOG_INTERVAL_S: Final = 60.0
 
 
 class LimitedLog:
     """A structlog logger that writes each event (the cause) at most `lines` times per
-    interval (1 unless the call says more: a new subscription per engine at start-up)."""
+    interval (1 unless the call says more: a new subscription per engine at start-up),
+    then says how many lines it left out (`suppressed`), as the store's log does."""
 
     def __init__(
         self,
@@ -33,30 +35,23 @@ class LimitedLog:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._log = structlog.get_logger(name)
-        self._interval_s = interval_s
-        self._clock = clock
-        self._written: dict[str, tuple[float, int]] = {}  # event -> (interval start, lines)
-        self._left_out: dict[str, int] = {}
+        self._limit = LogLimit(lines=1, interval_s=interval_s, clock=clock)
 
     def info(self, event: str, *, lines: int = 1, **fields: Any) -> None:
-        self._write("info", event, lines, fields)
+        self._write(self._log.info, event, lines, fields)
 
     def warning(self, event: str, *, lines: int = 1, **fields: Any) -> None:
-        self._write("warning", event, lines, fields)
+        self._write(self._log.warning, event, lines, fields)
 
-    def _write(self, level: str, event: str, lines: int, fields: dict[str, Any]) -> None:
-        now = self._clock()
-        began, written = self._written.get(event, (now, 0))
-        if now - began >= self._interval_s:
-            began, written = now, 0
-        if written >= lines:
-            self._left_out[event] = self._left_out.get(event, 0) + 1
+    def _write(
+        self, write: Callable[..., Any], event: str, lines: int, fields: dict[str, Any]
+    ) -> None:
+        left_out = self._limit.allow(event, lines)
+        if left_out is None:
             return
-        self._written[event] = (began, written + 1)
-        left_out = self._left_out.pop(event, 0)
         if left_out:
-            fields["left_out"] = left_out  # lines of this cause not written since the last
-        getattr(self._log, level)(event, **fields)
+            fields["suppressed"] = left_out  # lines of this cause not written since the last
+        write(event, **fields)
 
 
 @dataclass(slots=True)

@@ -28,7 +28,8 @@ class _Window:
 
 
 class LogLimit:
-    """Whether a line of an event may be written now; not thread-safe (the store's lock)."""
+    """Whether a line of an event may be written now; not thread-safe (its owner's lock or
+    thread: the store's, the kv_events collector's)."""
 
     def __init__(
         self,
@@ -41,15 +42,17 @@ class LogLimit:
         self.clock = clock
         self._windows: dict[str, _Window] = {}
 
-    def allow(self, event: str) -> int | None:
-        """None: leave the line out. Else the lines of `event` left out before this one."""
+    def allow(self, event: str, lines: int | None = None) -> int | None:
+        """None: leave the line out. Else the lines of `event` left out before this one.
+        `lines` overrides the budget for this event (default: the instance's)."""
+        budget = self.lines if lines is None else lines
         now = self.clock()
         window = self._windows.get(event)
         if window is None or now - window.began_s >= self.interval_s:
             left_out = window.suppressed if window else 0
             self._windows[event] = _Window(now, logged=1)
             return left_out
-        if window.logged >= self.lines:
+        if window.logged >= budget:
             window.suppressed += 1
             return None
         window.logged += 1
