@@ -65,7 +65,26 @@ COLLECTOR_ERROR_REASONS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
             }
         ),
         "kv_events": frozenset(
-            {"malformed_batch", "not_connected", "disconnected", "internal_error"}
+            {
+                "malformed_batch",
+                "not_connected",
+                "disconnected",
+                "internal_error",
+                # the stream (kv_events_subscription.py)
+                "resubscribed",
+                "rate_limited",
+                "subscribe_failed",
+                "too_many_subscriptions",
+                # replays (kv_events_replay.py)
+                "too_many_replays",
+                "replay_timeout",
+                "replay_cut_short",
+                "replay_failed",
+                # the residency's bounds (prefix_cache/residency.py)
+                "pool_overflow",
+                "too_many_groups",
+                "too_many_media",
+            }
         ),
         "nvml": frozenset({"gpu_lost", "nvml_error", "internal"}),
     }
