@@ -20,6 +20,7 @@ from exporter.capacity.serve_flags import accepted_flags
 from exporter.capacity_cli import explain_log
 from exporter.capacity_cli.inputs import CapacityInputs, build_inputs, inputs_for, vllm_command
 from exporter.capacity_cli.memory import GPU_MEMORY_MIB
+from exporter.capacity_cli.offload_tier import check_offload_flags
 from exporter.capacity_cli.report import (
     Outcome,
     error_document,
@@ -125,6 +126,13 @@ def _add_memory_flags(flags: Flags) -> None:
         metavar="SIZE",
         type=size,
         help="KV cache memory per worker, exact (the same as --kv-cache-memory-bytes)",
+    )
+    memory.add(
+        "--host-memory",
+        metavar="SIZE",
+        type=size,
+        help="the host memory of each node, for the offload tier: a --kv-offloading-size "
+        "larger than it is refused",
     )
     memory.add(
         "--num-gpu-blocks",
@@ -239,7 +247,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.explain_log:
         return explain_log.run(args, out)
     accepted = accepted_flags(args.vllm_version, own=_own_flags(args.flags))
-    base = build_inputs(args, vllm_command(args, accepted))
+    command = vllm_command(args, accepted)
+    check_offload_flags(command, args.host_memory)
+    base = build_inputs(args, command)
     if args.sweep:
         return _run_sweep(args, base, [parse_axis(text) for text in args.sweep], out)
     outcome = plan(base)
