@@ -175,6 +175,7 @@ OWN_FLAGS = {
     "--gpu-memory": 1,
     "--available-kv-bytes": 1,
     "--num-gpu-blocks": 1,
+    "--host-memory": 1,
     "--platform": 1,
     "--vllm-version": 1,
     "--explain-log": 1,
