@@ -45,17 +45,20 @@ def parse_transfer_config(text: str) -> dict[str, Any]:
     return value
 
 
-def offload_size_bytes(size_gib: float, host_memory_bytes: int | None = None) -> int:
-    """`--kv-offloading-size` in bytes, refused where vLLM's tier could not exist."""
+def offload_size_bytes(
+    size_gib: float, host_memory_bytes: int | None = None, flag: str = "--kv-offloading-size"
+) -> int:
+    """The tier's size in bytes, refused where vLLM's tier could not exist; `flag` is the
+    one the size came from, named in the refusal."""
     if not math.isfinite(size_gib) or size_gib <= 0:
-        raise UsageError(f"--kv-offloading-size: must be a positive number of GiB, got {size_gib}")
+        raise UsageError(f"{flag}: the tier must be a positive size, got {size_gib:g} GiB")
     if size_gib > MAX_OFFLOAD_GIB:
-        raise UsageError(f"--kv-offloading-size: {size_gib} GiB is more than {MAX_OFFLOAD_GIB:g}")
+        raise UsageError(f"{flag}: {size_gib:g} GiB is more than {MAX_OFFLOAD_GIB:g}")
     size = int(size_gib * GIB)
     if host_memory_bytes is not None and size > host_memory_bytes:
         raise UsageError(
-            f"--kv-offloading-size: {size_gib:g} GiB is more than the host's memory "
-            f"({host_memory_bytes / GIB:.1f} GiB)"
+            f"{flag}: {size_gib:g} GiB is more than the host's memory "
+            f"({host_memory_bytes / GIB:.1f} GiB, --host-memory)"
         )
     return size
 
@@ -97,7 +100,8 @@ def offload_settings(
             "--kv-transfer-config: the OffloadingConnector needs a number "
             "kv_connector_extra_config.cpu_bytes_to_use"
         )
-    return _native(int(offload_size_bytes(raw / GIB, host_memory_bytes)), extra)
+    size = offload_size_bytes(raw / GIB, host_memory_bytes, "--kv-transfer-config cpu_bytes_to_use")
+    return _native(size, extra)
 
 
 def uses_lmcache(*, backend: str | None, transfer_config: Mapping[str, Any] | None) -> bool:

@@ -216,3 +216,23 @@ def test_lmcache_variables_are_bounded() -> None:
     assert len(args.lmcache_env) == 64
     assert all(len(value) == 256 for _, value in args.lmcache_env)
     assert args.model == "/models/x"
+
+
+def test_a_transfer_config_tier_larger_than_the_host_names_that_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {}}
+    config["kv_connector_extra_config"] = {"cpu_bytes_to_use": 600 << 30}
+    code = cli.main(
+        [
+            "capacity",
+            "--host-memory",
+            "512GiB",
+            *BASE[1:],
+            "--kv-transfer-config",
+            json.dumps(config),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("kvcap-exporter: error: --kv-transfer-config cpu_bytes_to_use: 600 GiB")
