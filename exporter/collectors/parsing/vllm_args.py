@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.capacity import EngineSettings
+from exporter.capacity.offload_settings import BACKENDS, MAX_OFFLOAD_GIB, MAX_TRANSFER_CONFIG_CHARS
 from exporter.errors import ConfigError, UsageError
 from exporter.units import parse_count, parse_size
 
@@ -483,30 +484,20 @@ def _offloading_size(flag: str, text: str) -> float:
         value = float(text)
     except ValueError:
         raise UsageError(f"{flag} must be a number of GiB, got {text[:40]!r}") from None
-    if not (math.isfinite(value) and 0 < value <= _MAX_OFFLOAD_GIB):
+    if not (math.isfinite(value) and 0 < value <= MAX_OFFLOAD_GIB):
         raise UsageError(f"{flag} must be a positive number of GiB up to 2**20, got {text[:40]!r}")
     return value
 
 
-_MAX_OFFLOAD_GIB = float(1 << 20)  # 1 PiB: no host holds more
-_OFFLOADING_BACKENDS = ("native", "lmcache")
-
-
 def _offloading_backend(flag: str, text: str) -> str:
-    if text not in _OFFLOADING_BACKENDS:
-        raise UsageError(
-            f"{flag} must be one of {', '.join(_OFFLOADING_BACKENDS)}, got {text[:40]!r}"
-        )
+    if text not in BACKENDS:
+        raise UsageError(f"{flag} must be one of {', '.join(BACKENDS)}, got {text[:40]!r}")
     return text
 
 
-# A --kv-transfer-config is a small object; one this long is hostile.
-_MAX_TRANSFER_CONFIG_CHARS = 16_384
-
-
 def _transfer_config(flag: str, text: str) -> str:
-    if len(text) > _MAX_TRANSFER_CONFIG_CHARS:
-        raise UsageError(f"{flag}: {len(text)} characters, more than {_MAX_TRANSFER_CONFIG_CHARS}")
+    if len(text) > MAX_TRANSFER_CONFIG_CHARS:
+        raise UsageError(f"{flag}: {len(text)} characters, more than {MAX_TRANSFER_CONFIG_CHARS}")
     _json_object(flag, text)
     return text
 
