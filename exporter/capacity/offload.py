@@ -128,7 +128,8 @@ class OffloadGroup:
     tokens_per_chunk: int
     # Chunks a hit needs before its end (None: every chunk of the prefix).
     window_chunks: int | None
-    # This group's blocks (GPU blocks) when the tier holds its longest servable prefix.
+    # This group's GPU blocks when the tier is full of max_model_len prefixes, each with
+    # the chunks a hit needs.
     blocks: int
 
 
@@ -138,7 +139,7 @@ class OffloadTierPlan:
 
     medium: str
     backend: str
-    vllm_version: str
+    vllm_version: str  # the release whose offloading rules applied (OFFLOAD_RELEASES)
     cpu_bytes: int
     worker_kv_bytes_per_block: int
     copies: int
