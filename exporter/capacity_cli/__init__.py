@@ -21,6 +21,7 @@ from exporter.capacity_cli import explain_log
 from exporter.capacity_cli.cases import BadLine, case_records
 from exporter.capacity_cli.inputs import CapacityInputs, build_inputs, inputs_for, vllm_command
 from exporter.capacity_cli.memory import GPU_MEMORY_MIB
+from exporter.capacity_cli.offload_tier import check_offload_flags
 from exporter.capacity_cli.report import (
     Outcome,
     error_document,
@@ -128,6 +129,13 @@ def _add_memory_flags(flags: Flags) -> None:
         help="KV cache memory per worker, exact (the same as --kv-cache-memory-bytes)",
     )
     memory.add(
+        "--host-memory",
+        metavar="SIZE",
+        type=size,
+        help="the host memory of each node, for the offload tier: a --kv-offloading-size "
+        "larger than it is refused",
+    )
+    memory.add(
         "--num-gpu-blocks",
         metavar="N",
         type=positive_int,
@@ -168,6 +176,7 @@ OWN_FLAGS = {
     "--gpu-memory": 1,
     "--available-kv-bytes": 1,
     "--num-gpu-blocks": 1,
+    "--host-memory": 1,
     "--platform": 1,
     "--vllm-version": 1,
     "--explain-log": 1,
@@ -240,7 +249,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.explain_log:
         return explain_log.run(args, out)
     accepted = accepted_flags(args.vllm_version, own=_own_flags(args.flags))
-    base = build_inputs(args, vllm_command(args, accepted))
+    command = vllm_command(args, accepted)
+    check_offload_flags(command, args.host_memory)
+    base = build_inputs(args, command)
     if args.sweep:
         return _run_sweep(args, base, [parse_axis(text) for text in args.sweep], out)
     outcome = plan(base)

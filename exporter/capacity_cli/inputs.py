@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,17 +85,30 @@ def vllm_command(
     then loose vLLM flags given to `capacity` itself; a later flag wins, as in vLLM.
     `accepted` checks the flags kvcap does not model against the planned release's."""
     tokens: list[str] = []
-    if args.vllm_command:
-        tokens += without_launcher(_split(args.vllm_command))
-    tokens += without_launcher(list(args.vllm_tail or []))
+    assignments: list[str] = []  # `NAME=value` before the launcher: read as vLLM's environment
+    for source in (_split(args.vllm_command) if args.vllm_command else [], args.vllm_tail or []):
+        leading = _leading_assignments(source)
+        assignments += source[:leading]
+        tokens += without_launcher(list(source[leading:]))
     tokens += list(args.vllm_tokens or [])
     tokens, legacy_model = _legacy_config(tokens)
     parsed = parse_vllm_serve_args(
-        ["serve", *tokens], read_config=read_vllm_config, accepted=accepted
+        [*assignments, "serve", *tokens], read_config=read_vllm_config, accepted=accepted
     )
     if parsed.model is None and legacy_model is not None:
         parsed = dataclasses.replace(parsed, model=legacy_model)
     return parsed
+
+
+def _leading_assignments(tokens: Sequence[str]) -> int:
+    """How many `NAME=value` shell assignments start the command line."""
+    count = 0
+    while count < len(tokens) and _ASSIGNMENT.fullmatch(tokens[count]):
+        count += 1
+    return count
+
+
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.DOTALL)
 
 
 def _split(text: str) -> list[str]:

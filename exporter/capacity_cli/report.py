@@ -11,6 +11,7 @@ from exporter import __version__
 from exporter.capacity import NEWEST, CapacityResult, error_to_json, result_to_json
 from exporter.capacity_cli.inputs import CapacityInputs
 from exporter.capacity_cli.memory import GIB, MemoryEstimate
+from exporter.capacity_cli.offload_tier import engine_tier, tier_document, tier_lines, tier_rows
 from exporter.capacity_cli.verdict import Verdict, memory_verdict
 from exporter.errors import DoesNotFit
 
@@ -187,6 +188,7 @@ def _result_document(result: CapacityResult, inputs: CapacityInputs) -> dict[str
         **result_to_json(result),
         "engines": engines,
         "kv_cache_size_tokens_all_engines": None if tokens is None else tokens * engines,
+        "offload": tier_document(engine_tier(inputs.vllm, inputs.settings, result)),
     }
 
 
@@ -336,7 +338,9 @@ def result_lines(result: CapacityResult, inputs: CapacityInputs) -> list[str]:
                 "-" if window is None else str(window),
             )
         )
-    return lines + table(rows)
+    tier = engine_tier(inputs.vllm, inputs.settings, result)
+    rows_of_tier = tier_rows(tier)
+    return lines + table(rows) + tier_lines(tier) + (table(rows_of_tier) if rows_of_tier else [])
 
 
 def table(rows: Sequence[Sequence[str]]) -> list[str]:

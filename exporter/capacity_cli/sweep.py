@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.capacity_cli.memory import GIB
+from exporter.capacity_cli.offload_tier import LmcacheTier, engine_tier
 from exporter.capacity_cli.report import Outcome, table
 from exporter.capacity_cli.verdict import memory_verdict
 from exporter.collectors.parsing import VllmServeArgs, vllm_flag_value
@@ -37,6 +38,7 @@ AXES: dict[str, tuple[str, str]] = {
     "gpu-memory-utilization": ("--gpu-memory-utilization", "gpu-mem-util"),
     "block-size": ("--block-size", "block-size"),
     "max-num-batched-tokens": ("--max-num-batched-tokens", "max-batched"),
+    "kv-offloading-size": ("--kv-offloading-size", "offload-GiB"),
 }
 
 
@@ -111,7 +113,27 @@ def sweep_rows(
             hint = f" (longest that fits: {longest:,})" if longest else ""
             cells += [kv, "-", "-", "-", "-", f"does not fit{hint}"]
         rows.append(cells)
+    if any(_offloads(outcome) for outcome in outcomes):
+        header.append("offload tokens")
+        for row, outcome in zip(rows, outcomes, strict=True):
+            row.append(_offload_cell(outcome))
     return header, rows
+
+
+def _offloads(outcome: Outcome | Exception) -> bool:
+    if isinstance(outcome, Exception):
+        return False
+    vllm = outcome.inputs.vllm
+    return vllm.kv_offloading_size is not None or vllm.kv_transfer_config is not None
+
+
+def _offload_cell(outcome: Outcome | Exception) -> str:
+    if isinstance(outcome, Exception) or outcome.result is None:
+        return "-"
+    tier = engine_tier(outcome.inputs.vllm, outcome.inputs.settings, outcome.result)
+    if tier is None or isinstance(tier, LmcacheTier):
+        return "-"
+    return f"{tier.capacity_tokens:,}"
 
 
 def sweep_text(

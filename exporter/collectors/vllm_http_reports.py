@@ -35,6 +35,7 @@ from exporter.capacity import (
     EngineSettings,
     derive_capacity,
 )
+from exporter.collectors.offload_derivation import derive_offload
 from exporter.collectors.parsing import (
     CacheConfigInfo,
     MalformedExposition,
@@ -219,7 +220,7 @@ def _engine_report(
         world_size=_world_size(args),
         local_rank=_local_rank(engine, args),
         settings_warnings=facts.told + engine_mismatches(args, info, _block_size(plan)),
-        offload=facts.offload.get(engine, ()),
+        offload=derive_offload(facts.offload.get(engine, ()), plan, args, facts.version),
     )
 
 

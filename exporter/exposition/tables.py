@@ -23,6 +23,7 @@ from exporter.state import (
     EngineView,
     GpuProcessMemory,
     GpuReport,
+    OffloadGroupBlocks,
     OffloadTier,
     ResidencyView,
     Snapshot,
@@ -79,6 +80,23 @@ class OffloadRow:
 
 def offload_rows(row: EngineRow) -> list[OffloadRow]:
     return [OffloadRow(row, tier) for tier in row.view.offload]
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadGroupRow:
+    """One KV cache group's share of an engine's offload tier."""
+
+    engine: EngineRow
+    medium: str
+    group: OffloadGroupBlocks
+
+
+def offload_group_rows(row: EngineRow) -> list[OffloadGroupRow]:
+    return [
+        OffloadGroupRow(row, tier.medium, group)
+        for tier in row.view.offload
+        for group in tier.groups
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,8 +497,9 @@ OFFLOAD: Table[OffloadRow] = Table(
     (
         Column(
             "kvcap_kv_offload_capacity_tokens",
-            "KV tokens the engine's offload tier (medium: cpu) holds when full, at the best "
-            "request length up to max_model_len: vLLM's bound (vllm:kv_offload_config_info).",
+            "KV tokens the engine's offload tier (medium: cpu) holds when full of "
+            "max_model_len prefixes: vLLM's bound (vllm:kv_offload_config_info), else kvcap's "
+            "model of the release's offloading code (every group's chunks a hit needs).",
             lambda r: r.tier.capacity_tokens,
         ),
         Column(
@@ -499,6 +518,26 @@ OFFLOAD: Table[OffloadRow] = Table(
 )
 
 
+OFFLOAD_GROUP: Table[OffloadGroupRow] = Table(
+    (*ENGINE_LABELS, "medium", "group"),
+    lambda r: (
+        r.engine.view.engine,
+        r.engine.view.model_name,
+        r.medium,
+        str(r.group.group),
+    ),
+    (
+        Column(
+            "kvcap_kv_offload_blocks",
+            "GPU KV cache blocks of one KV cache group (group: its index) in the engine's "
+            "offload tier when it is full of max_model_len prefixes: all of a full-attention "
+            "group's chunks, a sliding-window or Mamba group's window only (kvcap's model).",
+            lambda r: r.group.blocks,
+        ),
+    ),
+)
+
+
 # The exposition's layout: tables in output order, each with its rows. First the tables
 # of one engine (rows of one engine; the renderer keeps their bytes per engine) ...
 ENGINE_TABLES: tuple[tuple[Table[Any], Callable[[EngineRow], Iterable[Any]]], ...] = (
@@ -508,6 +547,7 @@ ENGINE_TABLES: tuple[tuple[Table[Any], Callable[[EngineRow], Iterable[Any]]], ..
     (GROUP, group_rows),
     (SETTINGS, settings_rows),
     (OFFLOAD, offload_rows),
+    (OFFLOAD_GROUP, offload_group_rows),
 )
 # ... then the tables of the whole snapshot.
 SNAPSHOT_TABLES: tuple[tuple[Table[Any], Callable[[Snapshot], Iterable[Any]]], ...] = (

@@ -40,6 +40,16 @@ class KvEventsEndpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class OffloadGroupBlocks:
+    """One KV cache group's share of an offload tier, in GPU blocks, when the tier is full
+    of max_model_len prefixes (exporter/capacity/offload.py)."""
+
+    group: int
+    kind: str
+    blocks: int
+
+
+@dataclass(frozen=True, slots=True)
 class OffloadTier:
     """The capacity of one engine's KV offload tier (a medium KV blocks are copied out to),
     as vLLM reports it; None where the source does not say."""
@@ -48,9 +58,11 @@ class OffloadTier:
     capacity_tokens: int | None = None
     capacity_blocks: int | None = None  # in GPU KV cache blocks (chunks x blocks per chunk)
     capacity_bytes: int | None = None
-    # Where the figures come from: "kv_offload_config_info" (exact), or "cache_config_info"
-    # (released vLLM: the configured --kv-offloading-size the tier is cut from).
+    # Where the figures come from: "kv_offload_config_info" (exact), "cache_config_info"
+    # (released vLLM: the configured --kv-offloading-size the tier is cut from), or
+    # "derived" (that size cut into chunks by kvcap's model of vLLM's offloading code).
     source: str = "kv_offload_config_info"
+    groups: tuple[OffloadGroupBlocks, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

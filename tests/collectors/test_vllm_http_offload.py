@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.collectors import ServerPoller, VllmHttpSettings, fetch
 from exporter.collectors.parsing import parse_vllm_serve_args
 from exporter.exposition import build_exposition
-from exporter.state import OffloadTier, StateStore
+from exporter.state import OffloadGroupBlocks, OffloadTier, StateStore
 from tests.collectors.recorded_vllm import Playback, serve
 from tests.conftest import FIXTURES
 
@@ -32,13 +32,11 @@ INFO = re.compile(r"^vllm:kv_offload_config_info\{.*$", re.MULTILINE)
 
 
 def _settings(url: str, **extra: Any) -> VllmHttpSettings:
-    return VllmHttpSettings(
-        urls=(url,),
-        timeout_s=1.0,
-        serve_args=parse_vllm_serve_args(SERVER["vllm_args"]),
-        model_config=RECORDING / "model" / "config.json",
-        **extra,
-    )
+    given: dict[str, Any] = {
+        "serve_args": parse_vllm_serve_args(SERVER["vllm_args"]),
+        "model_config": RECORDING / "model" / "config.json",
+    }
+    return VllmHttpSettings(urls=(url,), timeout_s=1.0, **{**given, **extra})
 
 
 def _playback(metrics: str) -> Playback:
@@ -105,10 +103,41 @@ def test_the_offload_tier_of_each_engine_is_exported() -> None:
     }
 
 
-def test_released_vllm_gives_the_configured_size_in_bytes_only() -> None:
-    """Without the info series (any vLLM release; an engine before its first step), the
-    --kv-offloading-size of cache_config_info: bytes, no tokens or blocks."""
+def test_released_vllm_tier_is_derived_equal_to_vllms_own_figures() -> None:
+    """Without the info series (any vLLM release), the --kv-offloading-size of
+    cache_config_info cut by kvcap's model of 0.32.0's offloading code: the chunks, blocks
+    and bytes vLLM's own CPUOffloadingSpec computed for this engine (server.json), and the
+    tokens PR #53902's function gave (524,288)."""
     store = _poll(INFO.sub("", METRICS))
+    derived = OffloadTier(
+        "cpu",
+        capacity_tokens=524_288,
+        capacity_blocks=CHUNKS * FACTS["blocks_per_chunk"],
+        capacity_bytes=CHUNKS * CHUNK_BYTES,
+        source="derived",
+        groups=(OffloadGroupBlocks(0, "full_attention", CHUNKS * FACTS["blocks_per_chunk"]),),
+    )
+    assert [view.offload for view in store.snapshot().engines] == [(derived,), (derived,)]
+    families = _families(store)
+    assert families["kvcap_kv_offload_capacity_tokens"] == {
+        (e, "llama-offload", "cpu"): 524_288.0 for e in ("0", "1")
+    }
+    assert families["kvcap_kv_offload_capacity_blocks"] == {
+        (e, "llama-offload", "cpu"): 4096.0 for e in ("0", "1")
+    }
+    body = build_exposition(store.snapshot, process=False).body().content.decode()
+    groups = {
+        (s.labels["engine"], s.labels["group"]): s.value
+        for family in text_string_to_metric_families(body)
+        if family.name == "kvcap_kv_offload_blocks"
+        for s in family.samples
+    }
+    assert groups == {("0", "0"): 4096.0, ("1", "0"): 4096.0}
+
+
+def test_released_vllm_without_the_model_gives_bytes_only() -> None:
+    """No model config.json, so no GPU plan to cut the tier by: the configured bytes."""
+    store = _poll(INFO.sub("", METRICS), serve_args=None, model_config=None)
     configured = OffloadTier("cpu", capacity_bytes=2**28, source="cache_config_info")
     assert [view.offload for view in store.snapshot().engines] == [(configured,), (configured,)]
     assert set(_families(store)) == {"kvcap_kv_offload_capacity_bytes"}
@@ -126,7 +155,7 @@ def test_an_engine_before_its_first_step_has_the_configured_size() -> None:
     views = _poll("\n".join(lines) + "\n").snapshot().engines
     assert [tier.source for view in views for tier in view.offload] == [
         "kv_offload_config_info",
-        "cache_config_info",
+        "derived",
     ]
 
 

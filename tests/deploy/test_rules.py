@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from exporter.demo import DEMO_SERVED_NAME, demo_running
-from exporter.demo.simulated_vllm import SimulatedVllm
+from exporter.demo.simulated_vllm import SimulatedVllm, offload_tier
 from tests.capacity.figures import known
 from tests.deploy.conftest import K8sTools, one
 from tests.integration.prometheus import Prometheus
@@ -51,6 +51,7 @@ EXPECTED_ALERTS = {
 }
 EXPECTED_RECORDS = {
     "namespace_model_name:kvcap_kv_cache_capacity_tokens:sum",
+    "namespace_model_name:kvcap_kv_total_capacity_tokens:sum",
     "namespace_model_name:kvcap_kv_cache_used_tokens:sum",
     "namespace_model_name:kvcap_kv_cache_max_concurrency:sum",
     "namespace_model_name:kvcap_kv_cache_utilisation:ratio",
@@ -297,6 +298,20 @@ def test_rules_on_a_real_prometheus(live: tuple[SimulatedVllm, RulesPrometheus])
     )
     capacity = prometheus.value(f"namespace_model_name:kvcap_kv_cache_capacity_tokens:sum{totals}")
     assert list(capacity.values()) == [2 * known(plan).kv_cache_size_tokens]
+    # Both tiers: the demo's engines offload to CPU (vllm:kv_offload_config_info's tokens).
+    offloaded = offload_tier(plan, (simulation.kv_offloading_size_gib or 0) << 30)
+    both = 2 * (known(plan).kv_cache_size_tokens + offloaded["capacity_tokens_at_max_len"])
+    prometheus.wait_until(
+        lambda: (
+            list(
+                prometheus.value(
+                    f"namespace_model_name:kvcap_kv_total_capacity_tokens:sum{totals}"
+                ).values()
+            )
+            == [both]
+        ),
+        "the total of both tiers",
+    )
     concurrency = prometheus.value(
         f"namespace_model_name:kvcap_kv_cache_max_concurrency:sum{totals}"
     )
@@ -382,7 +397,7 @@ def test_alert_settings_come_from_the_values(k8s_tools: K8sTools, tmp_path: Path
     assert saturated["for"] == "20m"
     assert saturated["labels"] == {"severity": "page", "team": "inference"}
     assert (
-        "more than 0.8 of its KV cache tokens in use for 20m"
+        "more than 0.8 of its GPU KV cache tokens in use for 20m"
         in (saturated["annotations"]["description"])
     )
     assert saturated["annotations"]["runbook_url"] == (

@@ -25,6 +25,7 @@ from typing import Any
 
 from exporter.bounded_files import FileRefused, load_yaml
 from exporter.capacity import EngineSettings
+from exporter.capacity.offload_settings import BACKENDS, MAX_OFFLOAD_GIB, MAX_TRANSFER_CONFIG_CHARS
 from exporter.errors import ConfigError, UsageError
 from exporter.units import parse_count, parse_size
 
@@ -67,6 +68,13 @@ class VllmServeArgs:
     # engine is not derived from the command line alone, which would be wrong figures.
     config_refused: str | None = None
     speculative: SpeculativeConfig | None = None
+    # The offload tier: --kv-offloading-size (GiB, the engine's), --kv-offloading-backend,
+    # --kv-transfer-config (its JSON text, checked to be an object), and the LMCACHE_*
+    # assignments before the launcher (LMCache reads its settings from the environment).
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str | None = None
+    kv_transfer_config: str | None = None
+    lmcache_env: tuple[tuple[str, str], ...] = ()
     # Flags that do not change capacity, as typed; not part of equality, for the same reason.
     ignored: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
@@ -132,6 +140,10 @@ def parse_vllm_serve_args(
 _ENVIRONMENT = {
     "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": "chunked_local_attn_with_hybrid_kv_cache"
 }
+# LMCache's settings as variables before the launcher (`LMCACHE_MAX_LOCAL_CPU_SIZE=40 vllm
+# serve ...`); more than this many are not a command line a person wrote.
+LMCACHE_PREFIX = "LMCACHE_"
+MAX_LMCACHE_VARIABLES = 64
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.DOTALL)
 
 
@@ -140,15 +152,20 @@ def _environment(tokens: list[str]) -> tuple[dict[str, Any], list[str]]:
     vLLM reads them (an integer, 0 off), and the tokens after them."""
     values: dict[str, Any] = {}
     index = 0
+    lmcache: list[tuple[str, str]] = []
     while index < len(tokens) and (match := _ASSIGNMENT.fullmatch(tokens[index])):
         index += 1
         name, text = match.groups()
+        if name.startswith(LMCACHE_PREFIX) and len(lmcache) < MAX_LMCACHE_VARIABLES:
+            lmcache.append((name[:64], text[:256]))
         if name not in _ENVIRONMENT:
             continue
         try:
             values[_ENVIRONMENT[name]] = bool(int(text))
         except ValueError:
             raise UsageError(f"{name} must be an integer (0 or 1), got {text!r}") from None
+    if lmcache:
+        values["lmcache_env"] = tuple(lmcache)
     return values, tokens[index:]
 
 
@@ -464,6 +481,30 @@ def _json_object(flag: str, text: str) -> dict[str, Any]:
     return document
 
 
+def _offloading_size(flag: str, text: str) -> float:
+    """vLLM's float GiB; kvcap's offload model checks it against the host (offload_settings)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"{flag} must be a number of GiB, got {text[:40]!r}") from None
+    if not (math.isfinite(value) and 0 < value <= MAX_OFFLOAD_GIB):
+        raise UsageError(f"{flag} must be a positive number of GiB up to 2**20, got {text[:40]!r}")
+    return value
+
+
+def _offloading_backend(flag: str, text: str) -> str:
+    if text not in BACKENDS:
+        raise UsageError(f"{flag} must be one of {', '.join(BACKENDS)}, got {text[:40]!r}")
+    return text
+
+
+def _transfer_config(flag: str, text: str) -> str:
+    if len(text) > MAX_TRANSFER_CONFIG_CHARS:
+        raise UsageError(f"{flag}: {len(text)} characters, more than {MAX_TRANSFER_CONFIG_CHARS}")
+    _json_object(flag, text)
+    return text
+
+
 def _mamba_cache_mode(flag: str, text: str) -> str:
     if text not in _MAMBA_CACHE_MODES:
         raise UsageError(f"{flag} must be one of {', '.join(_MAMBA_CACHE_MODES)}, got {text!r}")
@@ -515,6 +556,9 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "--config": ("config_file", _text),
     "--speculative-config": ("speculative", _speculative),
     "--kv-events-config": ("kv_events", _json_object_given),
+    "--kv-offloading-size": ("kv_offloading_size", _offloading_size),
+    "--kv-offloading-backend": ("kv_offloading_backend", _offloading_backend),
+    "--kv-transfer-config": ("kv_transfer_config", _transfer_config),
 }
 
 _BOOLEANS: dict[str, tuple[str, bool]] = {

@@ -194,7 +194,7 @@ VALUED = [
     "--host=0.0.0.0",
     "-q awq",
     "--compilation-config.level 3",
-    '--kv-transfer-config \'{"kv_connector": "X"}\'',
+    "--override-generation-config '{\"temperature\": 0.5}'",
     "--api-server-count 2",
     "--middleware",
 ]
