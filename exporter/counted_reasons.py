@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from exporter.web.counters import REJECT_REASONS, RELOAD_ERROR_REASONS
+from exporter.web import REJECT_REASONS, RELOAD_ERROR_REASONS
 
 # kvcap_collector_errors_total{collector, reason}, per collector.
 COLLECTOR_ERROR_REASONS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from exporter.cli import build_parser
-from exporter.collectors import COLLECTORS
-from exporter.collectors.http_fetch import FetchError, fetch
+from exporter.collectors import COLLECTORS, FetchError, fetch
 from exporter.counted_reasons import COLLECTOR_ERROR_REASONS, COUNTED_REASONS
 
 ROOT = Path(__file__).resolve().parent.parent
