@@ -16,7 +16,6 @@ import yaml
 
 from exporter.demo import DEMO_SERVED_NAME, demo_running
 from exporter.demo.simulated_vllm import SimulatedVllm
-from tests.capacity.figures import known
 from tests.deploy.conftest import K8sTools, one
 from tests.integration.prometheus import Prometheus
 from tests.tools import require_tool
@@ -296,11 +295,11 @@ def test_rules_on_a_real_prometheus(live: tuple[SimulatedVllm, RulesPrometheus])
         "the recording rules",
     )
     capacity = prometheus.value(f"namespace_model_name:kvcap_kv_cache_capacity_tokens:sum{totals}")
-    assert list(capacity.values()) == [2 * known(plan).kv_cache_size_tokens]
+    assert list(capacity.values()) == [2 * plan.figures.kv_cache_size_tokens]
     concurrency = prometheus.value(
         f"namespace_model_name:kvcap_kv_cache_max_concurrency:sum{totals}"
     )
-    assert list(concurrency.values()) == [pytest.approx(2 * known(plan).kv_cache_max_concurrency)]
+    assert list(concurrency.values()) == [pytest.approx(2 * plan.figures.kv_cache_max_concurrency)]
     assert list(prometheus.value(f"namespace_model_name:kvcap_engines:count{totals}").values()) == [
         2
     ]
