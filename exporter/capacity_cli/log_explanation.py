@@ -220,9 +220,9 @@ def metrics_lines(engines: tuple[EngineReproduction, ...], rules: RuleSet, dp: i
     )
     out.append(
         f"  kvcap: kvcap_kv_cache_capacity_tokens {known[0].kv_cache_size_tokens}, "
-        f"kvcap_kv_cache_max_concurrency {known[0].kv_cache_max_concurrency:.6g}, kvcap_kv_cache_blocks "
-        f"{known[0].num_gpu_blocks} per engine (never summed); the deployment's total is "
-        "sum by (model_name) (kvcap_kv_cache_capacity_tokens)"
+        f"kvcap_kv_cache_max_concurrency {known[0].kv_cache_max_concurrency:.6g}, "
+        f"kvcap_kv_cache_blocks {known[0].num_gpu_blocks} per engine (never summed); the "
+        "deployment's total is sum by (model_name) (kvcap_kv_cache_capacity_tokens)"
         + (f" = {sum(k.kv_cache_size_tokens for k in known):,} tokens" if dp > 1 else "")
     )
     return out
