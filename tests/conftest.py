@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, is_hypothesis_test, settings
+
+from exporter.collectors import vllm_http
 
 # Property tests run a short budget by default; `make fuzz` selects the long one.
 settings.register_profile("default", max_examples=100, deadline=None)
@@ -69,6 +72,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         function = getattr(item, "function", None)
         if function is not None and is_hypothesis_test(function):
             item.add_marker("fuzz")
+
+
+@pytest.fixture(scope="session")
+def empty_proc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A /proc with no process in it."""
+    return tmp_path_factory.mktemp("proc")
+
+
+@pytest.fixture(autouse=True)
+def _in_process_tests_see_no_vllm_process(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vllm_http, told no `vllm serve` arguments, finds them in /proc: an in-process test
+    that does not give its own folder looks at an empty one. The machine's processes are
+    not a test's input (another suite's stand-in there, with a FIFO for its config file,
+    held one such test for minutes)."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+    empty = request.getfixturevalue("empty_proc")
+    for name in ("discover_serve_args", "discover_hf_environ"):
+        monkeypatch.setattr(vllm_http, name, _defaulting_to(empty, getattr(vllm_http, name)))
+
+
+def _defaulting_to(empty: Path, discover: Callable[[Path, int | None], Any]) -> Any:
+    """`discover` with `empty` as its /proc unless the caller names one (a test's own)."""
+
+    def looking(proc: Path = empty, port: int | None = None) -> Any:
+        return discover(proc, port)
+
+    return looking
 
 
 FIXTURES = Path(__file__).parent / "fixtures"
