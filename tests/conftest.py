@@ -64,6 +64,20 @@ def lane(path: Path) -> str:
     return LANES[""]
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """`-m unit` (`make check`) does not import the modules of the other lanes: a folder or
+    file whose lane is another kind holds no unit test (test_lanes checks that none is
+    marked one), and deploy's imports alone (jsonschema, pydantic) are a second a worker."""
+    if config.option.markexpr != "unit" or not collection_path.is_relative_to(TESTS):
+        return None
+    if lane(collection_path) == "unit":
+        return None
+    inside = collection_path.relative_to(TESTS).as_posix() + "/"
+    if any(where.startswith(inside) and kind == "unit" for where, kind in LANES.items()):
+        return None  # a folder of another kind with a unit file in it
+    return True
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test gets its kind; property tests and fuzz loops also get `fuzz`."""
     for item in items:
