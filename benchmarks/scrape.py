@@ -41,7 +41,7 @@ from exporter.collectors import ServerPoller, VllmHttpSettings, collector_priori
 from exporter.collectors.parsing import parse_vllm_serve_args
 from exporter.exposition import build_exposition
 from exporter.logs import configure_logging
-from exporter.serve import Exporter
+from exporter.serve import Exporter, set_switch_interval
 from exporter.state import EngineReport, KvUsage, StateStore
 
 ENGINES = 64
@@ -353,6 +353,7 @@ def check_bodies(port: int) -> tuple[str, int]:
 
 def rows() -> list[Row]:
     configure_logging("warn")
+    set_switch_interval()  # as the daemon's main sets it: the poller's parse yields the lock
     store = StateStore(priority=collector_priority())
     poll = polls(store)
     poll(0)

@@ -15,11 +15,12 @@ import argparse
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from exporter.errors import ConfigError, UsageError
 from exporter.units import format_duration, format_size, parse_duration, parse_size
 
+Number = TypeVar("Number", int, float)
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -127,11 +128,7 @@ class Flags:
                 same = False
             if same:
                 return given
-        if flag.convert is duration and isinstance(value, int | float):
-            return format_duration(value)
-        if flag.convert is size and isinstance(value, int):
-            return format_size(value)
-        return show(value)
+        return _shown(flag.convert, value)
 
 
 class FlagGroup:
@@ -160,11 +157,14 @@ class FlagGroup:
         """Declare `option`. A value flag needs a metavar naming what the value is.
 
         `switch` makes an on/off flag with a `--no-` form; `repeatable` collects a list.
-        `default_text` says the default in words where the value alone would not.
+        `default_text` says the default in words where the value alone would not; a
+        duration or size default is shown as one is written (`5s`, `8MiB`), and the type
+        names the metavar when none is given.
         """
         dest = dest or option.lstrip("-").replace(".", "_").replace("-", "_")
         twin = env_name(option) if env else None
-        shown = default_text if default_text is not None else show(default)
+        shown = default_text if default_text is not None else _shown(type, default)
+        metavar = metavar or _METAVARS.get(type)
         suffix = f"default {shown}" + (f"; env {twin}" if twin else "")
         text = f"{help} ({suffix})"
         kwargs: dict[str, Any] = {"dest": dest, "default": default, "help": text}
@@ -214,23 +214,39 @@ def duration(text: str) -> float:
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    """A whole number, 1 or more."""
+    value = _number(int, "a whole number", text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 
 def positive_number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    """A finite number above zero."""
+    value = _number(float, "a number", text)
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
     return value
+
+
+def _number(convert: Callable[[str], Number], what: str, text: str) -> Number:
+    try:
+        return convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+
+
+def _shown(convert: Callable[[str], Any] | None, value: object) -> str:
+    """A flag's value as one would write it: a duration `5s`, a size `8MiB`."""
+    if convert is duration and isinstance(value, int | float):
+        return format_duration(value)
+    if convert is size and isinstance(value, int):
+        return format_size(value)
+    return show(value)
+
+
+# The metavar of a flag of these types, unless it names its own.
+_METAVARS: dict[Callable[[str], Any] | None, str] = {duration: "DURATION", size: "SIZE"}
 
 
 def _argparse_type(parse: Callable[[str], Any], text: str) -> Any:

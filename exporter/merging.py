@@ -1,15 +1,20 @@
 """One way to merge records of one thing from several producers: field by field, the first
 known value (producers in order, best first). None, an empty tuple and an empty string
-are unknown; everything else (0, False) is known."""
+are unknown; everything else (0, False) is known. And one way to make a record of one
+type from another's fields."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from operator import attrgetter
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 Record = TypeVar("Record")
+Dataclass = TypeVar("Dataclass", bound="DataclassInstance")
 
 
 _GETTERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
@@ -38,3 +43,21 @@ def first_known(records: Sequence[Record]) -> Record:
             if known is None or known in ((), ""):
                 merged[index] = found
     return type(records[0])(*merged)
+
+
+def converted(record: Any, kind: type[Dataclass]) -> Dataclass:
+    """A `kind` (a dataclass) made of `record`'s values of `kind`'s fields, by name: a
+    conversion between related records that lists no field, so a field added to `kind`
+    is carried without an edit here."""
+    return kind(**{field.name: getattr(record, field.name) for field in fields(kind)})
+
+
+def alike_fields(record: Any, kind: type) -> dict[str, Any]:
+    """`record`'s values of the fields it declares as `kind` does (the same name and type):
+    what a builder of `kind` copies as it is, without naming each field."""
+    declared = {field.name: field.type for field in fields(kind)}
+    return {
+        field.name: getattr(record, field.name)
+        for field in fields(record)
+        if declared.get(field.name) == field.type
+    }

@@ -40,6 +40,13 @@ SWITCH_INTERVAL_S = 0.00025
 RELOAD_INTERVAL_S = CHECK_INTERVAL_S
 
 
+def set_switch_interval() -> None:
+    """SWITCH_INTERVAL_S for this whole process. The daemons' mains (`serve`, `demo`) call
+    it as they set up the process, not `Exporter.start`: tests and benchmarks build an
+    Exporter inside their own process, whose interpreter an object should not retune."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+
 def add_common_arguments(flags: Flags, listen_address: str = DEFAULT_LISTEN_ADDRESS) -> None:
     web = flags.group("web")
     web.add(
@@ -158,7 +165,6 @@ class Exporter:
     def start(self) -> None:
         """Serve, then start the collectors. A failure leaves nothing running and raises a
         KvcapError naming the flag and the cause."""
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.start_server()
         started: list[Collector] = []
         try:
@@ -266,6 +272,7 @@ class StopSignals:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
+    set_switch_interval()
     stop = StopSignals()
     exporter = Exporter(
         build_collectors(args),

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, is_hypothesis_test, settings
+
+from exporter.collectors import vllm_http
 
 # Property tests run a short budget by default; `make fuzz` selects the long one.
 settings.register_profile("default", max_examples=100, deadline=None)
@@ -65,6 +68,20 @@ def lane(path: Path) -> str:
     return LANES[""]
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """`-m unit` (`make check`) does not import the modules of the other lanes: a folder or
+    file whose lane is another kind holds no unit test (test_lanes checks that none is
+    marked one), and deploy's imports alone (jsonschema, pydantic) are a second a worker."""
+    if config.option.markexpr != "unit" or not collection_path.is_relative_to(TESTS):
+        return None
+    if lane(collection_path) == "unit":
+        return None
+    inside = collection_path.relative_to(TESTS).as_posix() + "/"
+    if any(where.startswith(inside) and kind == "unit" for where, kind in LANES.items()):
+        return None  # a folder of another kind with a unit file in it
+    return True
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test gets its kind; property tests and fuzz loops also get `fuzz`."""
     for item in items:
@@ -73,6 +90,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         function = getattr(item, "function", None)
         if function is not None and is_hypothesis_test(function):
             item.add_marker("fuzz")
+
+
+@pytest.fixture(scope="session")
+def empty_proc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A /proc with no process in it."""
+    return tmp_path_factory.mktemp("proc")
+
+
+@pytest.fixture(autouse=True)
+def _in_process_tests_see_no_vllm_process(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vllm_http, told no `vllm serve` arguments, finds them in /proc: an in-process test
+    that does not give its own folder looks at an empty one. The machine's processes are
+    not a test's input (another suite's stand-in there, with a FIFO for its config file,
+    held one such test for minutes)."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+    empty = request.getfixturevalue("empty_proc")
+    for name in ("discover_serve_args", "discover_hf_environ"):
+        monkeypatch.setattr(vllm_http, name, _defaulting_to(empty, getattr(vllm_http, name)))
+
+
+def _defaulting_to(empty: Path, discover: Callable[[Path, int | None], Any]) -> Any:
+    """`discover` with `empty` as its /proc unless the caller names one (a test's own)."""
+
+    def looking(proc: Path = empty, port: int | None = None) -> Any:
+        return discover(proc, port)
+
+    return looking
 
 
 FIXTURES = Path(__file__).parent / "fixtures"

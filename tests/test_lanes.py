@@ -38,6 +38,15 @@ def test_the_lane_of_a_file_is_its_longest_matching_entry(path: str, kind: str) 
     assert lane(TESTS / path) == kind
 
 
+def test_no_test_outside_the_unit_lane_is_marked_unit() -> None:
+    """`-m unit` does not even import the files of the other lanes (conftest's
+    pytest_ignore_collect): a unit test there would never run in `make check`."""
+    others = [path for path in TESTS.rglob("test_*.py") if lane(path) != "unit"]
+    assert others
+    marked = [str(p.relative_to(TESTS)) for p in others if "mark.unit" in p.read_text("utf-8")]
+    assert marked == []
+
+
 def _imported_roots(source: Path) -> set[str]:
     tree = ast.parse(source.read_text(encoding="utf-8"))
     roots: set[str] = set()

@@ -16,6 +16,7 @@ from exporter.capacity.specs import MambaSpec, cdiv
 from exporter.capacity.value import (
     NO_CAPACITY,
     EngineCapacity,
+    Figures,
     GroupCapacity,
     blocks_for_bytes,
     capacity_tokens,
@@ -35,6 +36,7 @@ __all__ = [
     "CapacityResult",
     "EngineCapacity",
     "EngineSettings",
+    "Figures",
     "GroupCapacity",
     "HfConfig",
     "LayerKvSpec",

@@ -37,7 +37,13 @@ from exporter.capacity.specs import (
     RequestLimits,
     cdiv,
 )
-from exporter.capacity.value import EngineCapacity, GroupCapacity, capacity_tokens
+from exporter.capacity.value import (
+    EngineCapacity,
+    Figures,
+    GroupCapacity,
+    capacity_tokens,
+    known_figures,
+)
 from exporter.errors import (
     CapacityError,
     ConfigError,
@@ -86,6 +92,11 @@ class CapacityResult:
     @property
     def blocks_per_request(self) -> int:
         return sum(group.blocks_per_request for group in self.capacity.groups)
+
+    @property
+    def figures(self) -> Figures:
+        """The capacity's figures, every one known (a derivation leaves none unknown)."""
+        return known_figures(self.capacity)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from exporter.capacity.specs import (
     cdiv,
 )
 from exporter.errors import UnsupportedConfiguration
+from exporter.merging import converted
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,16 +109,7 @@ def unify_hybrid_specs(layers: Sequence[GroupLayer]) -> list[GroupLayer]:
 
 def _as_full_attention(spec: KvCacheSpec) -> FullAttentionSpec:
     assert isinstance(spec, AttentionSpec)
-    return FullAttentionSpec(
-        block_size=spec.block_size,
-        num_kv_heads=spec.num_kv_heads,
-        head_size=spec.head_size,
-        head_size_v=spec.head_size_v,
-        dtype_bytes=spec.dtype_bytes,
-        state_content_bytes=spec.state_content_bytes,
-        num_head_slots=spec.num_head_slots,
-        page_size_padded=spec.page_size_padded,
-    )
+    return converted(spec, FullAttentionSpec)  # the page fields every attention spec has
 
 
 def _uniform_type(specs: Sequence[KvCacheSpec]) -> bool:

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.merging import alike_fields
+
 # The longest `non-default args: {...}` dict read (a Python literal: evaluated, never run).
 MAX_ARGS_CHARS = 64 * 1024
 
@@ -369,19 +371,11 @@ def _finish(r: _Reader) -> StartupLog:
     )
     other = max(r.other, key=r.other.__getitem__) if r.other else None
     return StartupLog(
-        version=r.version,
-        model=r.model,
-        platform=r.platform,
-        non_default_args=r.non_default_args,
-        max_num_batched_tokens=r.max_num_batched_tokens,
-        ssm_state_float32=r.ssm_state_float32,
-        attention_block_size=r.attention_block_size,
+        **alike_fields(r, StartupLog),  # the facts kept as the log states them
         engines=tuple(sorted(engines, key=lambda e: (e.engine, e.process))),
         workers=tuple(WorkerMemory(process=name, **entry) for name, entry in r.workers.items()),
         refusals=tuple(r.refusals),
         errors=tuple(r.errors),
         other_engine=other,
-        failed_start=r.failed_start,
-        vllm_lines=r.vllm_lines,
         problems=tuple(r.problems),
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from exporter.capacity.specs import (
     ChunkedLocalAttentionSpec,
@@ -18,6 +19,7 @@ from exporter.capacity.specs import (
     SlidingWindowSpec,
     cdiv,
 )
+from exporter.errors import CapacityError
 from exporter.merging import first_known
 
 
@@ -69,6 +71,37 @@ class EngineCapacity:
 
 
 NO_CAPACITY = EngineCapacity()
+
+
+class Figures(NamedTuple):
+    """An engine's figures with their types narrowed: every one known, as a derivation's are
+    (EngineCapacity allows unknown ones, since a collector may report only some)."""
+
+    num_gpu_blocks: int
+    block_size: int
+    max_model_len: int
+    kv_cache_size_tokens: int
+    kv_cache_max_concurrency: float
+
+
+def known_figures(capacity: EngineCapacity) -> Figures:
+    """The figures of a derived capacity; one that is unknown is a bug of the derivation."""
+    c = capacity
+    if (
+        c.num_gpu_blocks is None
+        or c.block_size is None
+        or c.max_model_len is None
+        or c.kv_cache_size_tokens is None
+        or c.kv_cache_max_concurrency is None
+    ):
+        raise CapacityError(f"a derived capacity lacks a figure: {c}")
+    return Figures(
+        c.num_gpu_blocks,
+        c.block_size,
+        c.max_model_len,
+        c.kv_cache_size_tokens,
+        c.kv_cache_max_concurrency,
+    )
 
 
 def merge_capacities(values: Iterable[EngineCapacity | None]) -> EngineCapacity:

@@ -72,6 +72,8 @@ class WorkerWeights:
     stage_bytes: tuple[int, ...]
     quantization: str
     checkpoint_total_bytes: int | None = None  # the safetensors index's total, to compare
+    # A byte count as vLLM allocates the layers (False: a checkpoint's total split evenly).
+    exact: bool = True
 
 
 def _pp_indices(layers: int, rank: int, size: int) -> tuple[int, int]:

@@ -124,7 +124,6 @@ def _add_memory_flags(flags: Flags) -> None:
     )
     memory.add(
         "--available-kv-bytes",
-        metavar="SIZE",
         type=size,
         help="KV cache memory per worker, exact (the same as --kv-cache-memory-bytes)",
     )

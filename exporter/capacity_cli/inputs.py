@@ -239,14 +239,13 @@ def memory_estimate(
     config: Mapping[str, Any],
 ) -> MemoryEstimate:
     """vLLM's memory formula for `--gpu-memory`, term by term, for the planned release."""
-    weights, source, exact = binding_worker_weights(model, config, settings, vllm)
     return estimate_with_weights(
         gpu=parse_gpu_memory(args.gpu_memory),
         release=parse_version(_release(args.vllm_version).version),
         vllm=vllm,
         settings=settings,
         config=config,
-        weights=(weights, source, exact),
+        weights=binding_worker_weights(model, config, settings, vllm),
     )
 
 
@@ -257,11 +256,10 @@ def estimate_with_weights(
     vllm: VllmServeArgs,
     settings: EngineSettings,
     config: Mapping[str, Any],
-    weights: tuple[int, str, bool],
+    weights: WorkerWeights,
 ) -> MemoryEstimate:
-    """The formula around given weights: (bytes of the binding worker, where they came
-    from, whether that is a byte count rather than a parameter count). Pure: the
-    start-up tests judge the other terms with each log's own "Model loading took"."""
+    """The formula around the binding worker's given weights. Pure: the start-up tests
+    judge the other terms with each log's own "Model loading took"."""
     batched, seqs = default_batch_limits(gpu.total_bytes, gpu.name)
     flags = {entry.split(" ", 1)[0].split("=", 1)[0].replace("_", "-") for entry in vllm.ignored}
     workload = Workload(
@@ -273,13 +271,12 @@ def estimate_with_weights(
         release=release,
         expert_parallel="--enable-expert-parallel" in flags or "-ep" in flags,
     )
-    bytes_per_worker, source, exact = weights
     return MemoryEstimate(
         gpu=gpu,
         utilization=vllm.gpu_memory_utilization or default_gpu_memory_utilization(release),
-        weights_per_worker=bytes_per_worker,
-        weights_source=source,
-        weights_exact=exact,
+        weights_per_worker=weights.bytes_per_worker,
+        weights_source=weights.source,
+        weights_exact=weights.exact,
         world_size=settings.world_size,
         terms=non_kv_terms(ModelShape.from_config(config), workload),
     )
@@ -311,15 +308,6 @@ def smallest_fit(
 
 def binding_worker_weights(
     model: ResolvedModel, config: Mapping[str, Any], settings: EngineSettings, vllm: VllmServeArgs
-) -> tuple[int, str, bool]:
-    """The binding worker's weight bytes, where they came from, and whether that is a
-    byte count as vLLM allocates it (True) rather than an even split of a checkpoint."""
-    found = _weights(model, config, settings, vllm)
-    return found.bytes_per_worker, found.source, "split evenly" not in found.source
-
-
-def _weights(
-    model: ResolvedModel, config: Mapping[str, Any], settings: EngineSettings, vllm: VllmServeArgs
 ) -> WorkerWeights:
     """The binding worker's weight bytes: computed from config.json as vLLM splits and
     quantizes the layers; the checkpoint's own total (its safetensors index) is the
@@ -343,7 +331,7 @@ def _weights(
         total, name = checkpoint
         share = -(-total // settings.world_size)
         source = f"{name} split evenly over {settings.world_size} worker(s); {error}"
-        return WorkerWeights(share, source, 0, (share,), "from the checkpoint")
+        return WorkerWeights(share, source, 0, (share,), "from the checkpoint", exact=False)
     if checkpoint is None:
         return computed
     total, name = checkpoint

@@ -12,7 +12,6 @@ from exporter.capacity_cli.log_refusal import RefusalReproduction
 from exporter.capacity_cli.log_reproduction import (
     EngineReproduction,
     capacity_lines,
-    figures,
 )
 
 # The release that first put tokens and concurrency into cache_config_info's labels (#42206).
@@ -70,11 +69,11 @@ def group_line(label: str, group: GroupCapacity, max_model_len: int) -> str:
 
 def tokens_vs_blocks(result: CapacityResult, per_request: int) -> str:
     """Why the token figure is, or is not, blocks x block size on this model."""
-    known, groups = figures(result), result.capacity.groups
+    known, groups = result.figures, result.capacity.groups
     blocks, size = known.num_gpu_blocks, known.block_size
     naive = blocks * size
     head = (
-        f"  tokens: int({known.max_concurrency:.6g} x {known.max_model_len:,}) = "
+        f"  tokens: int({known.kv_cache_max_concurrency:.6g} x {known.max_model_len:,}) = "
         f"{known.kv_cache_size_tokens:,}; blocks x block size = {blocks:,} x {size} = {naive:,}"
     )
     if known.kv_cache_size_tokens == naive:
@@ -104,7 +103,7 @@ def release_figure(rules: RuleSet, result: CapacityResult) -> str:
             f"  the release's figure: group-aware (vLLM {rules.name} logs int(max_concurrency x "
             "max_model_len), from 0.20.1 on): it is the capacity the cache admits"
         )
-    known, groups = figures(result), result.capacity.groups
+    known, groups = result.figures, result.capacity.groups
     formula = (
         f"num_blocks // num_groups x the smallest block size = {known.num_gpu_blocks:,} // "
         f"{len(groups)} x {min(g.block_size for g in groups)} = "
@@ -151,8 +150,8 @@ def engine_text(r: EngineReproduction, rules: RuleSet) -> list[str]:
         out.append(f"  kvcap: {r.refusal}")
         out += [f"  difference: {d}" for d in r.differences]
         return out
-    known, groups = figures(result), result.capacity.groups
-    per_request = round(known.num_gpu_blocks / known.max_concurrency)
+    known, groups = result.figures, result.capacity.groups
+    per_request = round(known.num_gpu_blocks / known.kv_cache_max_concurrency)
     if r.matching is not None:
         low, high = r.matching
         spread = (
@@ -173,7 +172,7 @@ def engine_text(r: EngineReproduction, rules: RuleSet) -> list[str]:
     )
     out.append(
         f"  per request: {per_request} blocks (summed over the groups) -> max concurrency "
-        f"{known.num_gpu_blocks:,} / {per_request} = {known.max_concurrency:.2f}x"
+        f"{known.num_gpu_blocks:,} / {per_request} = {known.kv_cache_max_concurrency:.2f}x"
     )
     out.append(tokens_vs_blocks(result, per_request))
     out.append(release_figure(rules, result))
@@ -186,7 +185,7 @@ def metrics_lines(engines: tuple[EngineReproduction, ...], rules: RuleSet, dp: i
     results = [r.result for r in engines if r.result is not None]
     if not results:
         return []
-    first, known = results[0], [figures(r) for r in results]
+    first, known = results[0], [r.figures for r in results]
     blocks = sum(k.num_gpu_blocks for k in known)
     out = ["metrics of this deployment:"]
     summed = (
@@ -221,9 +220,9 @@ def metrics_lines(engines: tuple[EngineReproduction, ...], rules: RuleSet, dp: i
     )
     out.append(
         f"  kvcap: kvcap_kv_cache_capacity_tokens {known[0].kv_cache_size_tokens}, "
-        f"kvcap_kv_cache_max_concurrency {known[0].max_concurrency:.6g}, kvcap_kv_cache_blocks "
-        f"{known[0].num_gpu_blocks} per engine (never summed); the deployment's total is "
-        "sum by (model_name) (kvcap_kv_cache_capacity_tokens)"
+        f"kvcap_kv_cache_max_concurrency {known[0].kv_cache_max_concurrency:.6g}, "
+        f"kvcap_kv_cache_blocks {known[0].num_gpu_blocks} per engine (never summed); the "
+        "deployment's total is sum by (model_name) (kvcap_kv_cache_capacity_tokens)"
         + (f" = {sum(k.kv_cache_size_tokens for k in known):,} tokens" if dp > 1 else "")
     )
     return out
@@ -250,13 +249,13 @@ def engine_document(r: EngineReproduction, rules: RuleSet) -> dict[str, Any]:
         "log_figure": rules.log_figure,
     }
     if result is not None:
-        known = figures(result)
+        known = result.figures
         document.update(
             num_gpu_blocks=known.num_gpu_blocks,
             block_size=known.block_size,
             kv_cache_size_tokens=known.kv_cache_size_tokens,
             logged_kv_cache_size_tokens=result.logged_kv_cache_size_tokens,
-            max_concurrency=known.max_concurrency,
+            max_concurrency=known.kv_cache_max_concurrency,
             max_model_len=known.max_model_len,
             bytes_per_block_per_worker=list(result.capacity.bytes_per_block_per_worker),
             groups=[

@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 from exporter.capacity import (
     CapacityResult,
@@ -25,37 +25,6 @@ GIB = 2**30
 GIB_ROUNDING = 0.005
 # Block counts tried against the logged figures (0.01 GiB of 4 KiB blocks is 2,622).
 MAX_CANDIDATES = 2_000_000
-
-
-class Figures(NamedTuple):
-    """A derivation's figures with their types narrowed (the capacity type allows unknown
-    ones; a derivation knows every one)."""
-
-    num_gpu_blocks: int
-    block_size: int
-    max_model_len: int
-    kv_cache_size_tokens: int
-    max_concurrency: float
-
-
-def figures(result: CapacityResult) -> Figures:
-    """The figures of a derived capacity; one that is unknown is a bug of the derivation."""
-    c = result.capacity
-    if (
-        c.num_gpu_blocks is None
-        or c.block_size is None
-        or c.max_model_len is None
-        or c.kv_cache_size_tokens is None
-        or c.kv_cache_max_concurrency is None
-    ):
-        raise CapacityError(f"a derived capacity lacks a figure: {c}")
-    return Figures(
-        c.num_gpu_blocks,
-        c.block_size,
-        c.max_model_len,
-        c.kv_cache_size_tokens,
-        c.kv_cache_max_concurrency,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +203,7 @@ def reproduce_engine(
             )
             + _attention_block_difference(attention_block_size, base),
         )
-    base_blocks = figures(base).num_gpu_blocks
+    base_blocks = base.figures.num_gpu_blocks
     chosen = _closest(found, base_blocks)
     result = (
         derive_capacity(config, settings, num_gpu_blocks=chosen) if chosen != base_blocks else base
@@ -254,8 +223,8 @@ def reproduce_engine(
 
 def _per_request(result: CapacityResult) -> int:
     # The release's blocks per request (its formula may differ from the per-group sum).
-    known = figures(result)
-    return round(known.num_gpu_blocks / known.max_concurrency)
+    known = result.figures
+    return round(known.num_gpu_blocks / known.kv_cache_max_concurrency)
 
 
 def _memory_interval(binding: Binding, exact: int | None) -> tuple[int, int] | None:
@@ -292,7 +261,7 @@ def _expected(
     rules: RuleSet, base: CapacityResult, per_request: int, blocks: int, dcp: int
 ) -> tuple[str, ...]:
     concurrency = blocks / per_request
-    max_model_len, groups = figures(base).max_model_len, base.capacity.groups
+    max_model_len, groups = base.figures.max_model_len, base.capacity.groups
     tokens = logged_tokens(
         rules,
         capacity_tokens=capacity_tokens(blocks, per_request, max_model_len),
@@ -348,7 +317,7 @@ def _differences(
     by_concurrency: tuple[int, int] | None,
     bytes_per_block: int,
 ) -> tuple[str, ...]:
-    logged, planned = capacity_lines(engine), figures(base)
+    logged, planned = capacity_lines(engine), base.figures
     if by_concurrency is not None:
         low, high = by_concurrency
         return (

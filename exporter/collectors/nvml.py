@@ -190,10 +190,8 @@ def _since(began: float) -> float:
 def _add_arguments(group: FlagGroup) -> None:
     group.add(
         "--nvml.poll-interval",
-        metavar="DURATION",
         type=duration,
         default=5.0,
-        default_text="5s",
         help="time between GPU reads: 5s, 250ms, 1m or seconds",
     )
     group.add(

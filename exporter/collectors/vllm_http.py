@@ -399,26 +399,20 @@ def _add_polling_arguments(group: FlagGroup) -> None:
     )
     group.add(
         "--vllm.poll-interval",
-        metavar="DURATION",
         type=duration,
         default=5.0,
-        default_text="5s",
         help="time between polls: 5s, 250ms, 1m or seconds",
     )
     group.add(
         "--vllm.timeout",
-        metavar="DURATION",
         type=duration,
         default=3.0,
-        default_text="3s",
         help="time to wait for each request",
     )
     group.add(
         "--vllm.max-body-size",
-        metavar="SIZE",
         type=size,
         default=8 * 2**20,
-        default_text="8MiB",
         help="largest accepted response body: 8MiB, 1GiB or bytes",
     )
 
@@ -427,17 +421,14 @@ def _add_staleness_arguments(group: FlagGroup) -> None:
     """When a server's data is marked stale or dropped, and how many engines it may show."""
     group.add(
         "--vllm.stale-after",
-        metavar="DURATION",
         type=duration,
         default_text="3 poll intervals",
         help="time after the last good read that data is marked stale",
     )
     group.add(
         "--vllm.forget-after",
-        metavar="DURATION",
         type=duration,
         default=DEFAULT_FORGET_AFTER_S,
-        default_text=f"{DEFAULT_FORGET_AFTER_S:g}s",
         help="time after the last good read that a failing server's engines are dropped",
     )
     group.add(

@@ -23,7 +23,7 @@ from exporter.collectors.parsing import parse_vllm_serve_args
 from exporter.demo.simulated_vllm import SimulatedVllm
 from exporter.flags import Flags
 from exporter.logs import configure_logging
-from exporter.serve import Exporter, StopSignals, add_common_arguments
+from exporter.serve import Exporter, StopSignals, add_common_arguments, set_switch_interval
 
 DEMO_MODEL = "gemma-3-27b-text"
 DEMO_SERVED_NAME = "google/gemma-3-27b-it"
@@ -132,6 +132,7 @@ def summary(exporter: Exporter, simulation: SimulatedVllm) -> str:
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     configure_logging(args.log_level, args.log_format)
+    set_switch_interval()
     stop = StopSignals()
     with (
         tempfile.TemporaryDirectory(prefix="kvcap-demo-") as models,

@@ -15,10 +15,11 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from exporter.capacity import CapacityResult, EngineSettings, derive_capacity
+from exporter.demo.http_thread import ThreadedHttpServer
 from exporter.demo.simulated_kv_events import SimulatedKvEvents
 
 # vLLM's CPU tier pads each chunk to a memory page (SharedOffloadRegion).
@@ -77,7 +78,7 @@ class SimulatedVllm:
     kv_events: bool = True  # publish KV events (and report them in /kv_event_sources)
     # `--kv-offloading-size` in GiB (CPU offloading, vLLM's native backend), or None.
     kv_offloading_size_gib: int | None = None
-    _server: ThreadingHTTPServer | None = None
+    _server: ThreadedHttpServer | None = None
     _publishers: SimulatedKvEvents | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -254,24 +255,18 @@ class SimulatedVllm:
             def log_message(self, format: str, *args: Any) -> None:
                 """Quiet: the demo prints its own summary."""
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(
-            target=self._server.serve_forever, daemon=True, name="simulated-vllm"
-        ).start()
-        return self.url
+        self._server = ThreadedHttpServer((host, port), Handler)
+        return self._server.start("simulated-vllm")
 
     @property
     def url(self) -> str:
         assert self._server is not None, "not started"
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self._server.url
 
     def stop(self) -> None:
         if self._publishers is not None:
             self._publishers.stop()
             self._publishers = None
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.capacity import derive_capacity
+from exporter.capacity.weights import WorkerWeights
 from exporter.capacity_cli.inputs import estimate_with_weights
 from exporter.capacity_cli.memory import GIB, parse_gpu_memory
 from exporter.capacity_cli.verdict import memory_verdict
@@ -253,13 +254,14 @@ def _judge_with_logged_weights(case: StartUp) -> Judged:
     settings = dataclasses.replace(
         to_engine_settings(vllm), platform="cuda", vllm_version=_version(case)
     )
+    logged = round(case.logged_weights_gib * GIB)
     estimate = estimate_with_weights(
         gpu=parse_gpu_memory(case.gpu),
         release=case.release,
         vllm=vllm,
         settings=settings,
         config=case.config,
-        weights=(round(case.logged_weights_gib * GIB), "the log's Model loading took", True),
+        weights=WorkerWeights(logged, "the log's Model loading took", 0, (logged,), "as logged"),
     )
     refusal = None
     try:

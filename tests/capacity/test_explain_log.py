@@ -20,7 +20,6 @@ from exporter.capacity_cli.explain_log import (
     explanation_document,
     explanation_text,
 )
-from tests.capacity.figures import known
 from tests.conftest import GOLDEN
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "explain-log"
@@ -71,7 +70,7 @@ def test_every_golden_log_line_is_reproduced(
     (engine,) = explanation.engines
     assert engine.reproduced, engine.differences
     assert engine.result is not None
-    assert known(engine.result).num_gpu_blocks == record["result"]["num_gpu_blocks"]
+    assert engine.result.figures.num_gpu_blocks == record["result"]["num_gpu_blocks"]
     assert engine.expected_lines == tuple(record["result"]["log_lines"])
 
 
@@ -117,7 +116,7 @@ def test_what_the_explanation_says_cache_config_info_shows_is_what_vllm_served(l
     served = {int(n) for n in re.findall(r'num_gpu_blocks="(\d+)"', info)}
     (block_size,) = {int(n) for n in re.findall(r'[{,]block_size="(\d+)"', info)}
     results = [e.result for e in explanation.engines if e.result]
-    blocks = sum(known(r).num_gpu_blocks for r in results)
+    blocks = sum(r.figures.num_gpu_blocks for r in results)
     planned_block_size = results[0].capacity.block_size
     assert planned_block_size is not None
     # The sum over DP engines, on every engine's series; the pool's tokens are what is
@@ -127,7 +126,9 @@ def test_what_the_explanation_says_cache_config_info_shows_is_what_vllm_served(l
         assert served == {blocks}
         assert f'num_gpu_blocks=\\"{blocks}\\"' in json.dumps(explanation_text(explanation))
     tokens = {int(n) for n in re.findall(r'kv_cache_size_tokens="(\d+)"', info)}
-    assert tokens == {known(e.result).kv_cache_size_tokens for e in explanation.engines if e.result}
+    assert tokens == {
+        e.result.figures.kv_cache_size_tokens for e in explanation.engines if e.result
+    }
 
 
 def test_the_live_captures_cover_every_family_that_starts_on_both_releases() -> None:
@@ -186,7 +187,7 @@ def test_published_start_up_logs_are_reproduced(
     for engine in explanation.engines:
         assert engine.reproduced, engine.differences
         assert engine.result is not None
-        assert known(engine.result).kv_cache_size_tokens > 0
+        assert engine.result.figures.kv_cache_size_tokens > 0
 
 
 def test_a_published_pp_log_names_its_binding_worker_and_the_difference() -> None:

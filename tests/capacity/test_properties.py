@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from exporter.capacity import CapacityResult, EngineSettings, derive_capacity
 from exporter.errors import CapacityError
-from tests.capacity.figures import known
 from tests.conftest import load_golden_cases
 
 # One config per model family of the golden file.
@@ -64,8 +63,8 @@ def test_more_blocks_never_lower_capacity(
 ) -> None:
     fewer = derive_or_discard(CONFIGS[model], engine, num_gpu_blocks=blocks)
     more = derive_capacity(CONFIGS[model], engine, num_gpu_blocks=blocks + extra)
-    assert known(more).kv_cache_size_tokens >= known(fewer).kv_cache_size_tokens
-    assert known(more).kv_cache_max_concurrency > known(fewer).kv_cache_max_concurrency
+    assert more.figures.kv_cache_size_tokens >= fewer.figures.kv_cache_size_tokens
+    assert more.figures.kv_cache_max_concurrency > fewer.figures.kv_cache_max_concurrency
 
 
 @COMMON
@@ -80,8 +79,8 @@ def test_more_memory_never_lowers_capacity(
 ) -> None:
     less = derive_or_discard(CONFIGS[model], engine, available_kv_bytes_per_worker=memory)
     more = derive_capacity(CONFIGS[model], engine, available_kv_bytes_per_worker=memory + extra)
-    assert known(more).num_gpu_blocks >= known(less).num_gpu_blocks
-    assert known(more).kv_cache_size_tokens >= known(less).kv_cache_size_tokens
+    assert more.figures.num_gpu_blocks >= less.figures.num_gpu_blocks
+    assert more.figures.kv_cache_size_tokens >= less.figures.kv_cache_size_tokens
 
 
 @COMMON
@@ -97,7 +96,7 @@ def test_tokens_are_concurrency_times_length(
     if auto_fit:
         engine = EngineSettings(**{**_fields(engine), "max_model_len": -1})
     result = derive_or_discard(CONFIGS[model], engine, available_kv_bytes_per_worker=memory)
-    figures = known(result)
+    figures = result.figures
     assert figures.kv_cache_size_tokens == int(
         figures.kv_cache_max_concurrency * figures.max_model_len
     )

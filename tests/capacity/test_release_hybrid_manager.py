@@ -12,7 +12,6 @@ import pytest
 from exporter.capacity import EngineSettings, derive_capacity
 from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
 from exporter.errors import UnsupportedConfiguration
-from tests.capacity.figures import known
 from tests.conftest import GOLDEN
 
 GIB = 2**30
@@ -35,7 +34,7 @@ def _plan(model: str, version: str, **settings: Any) -> tuple[int, list[str]]:
         EngineSettings(platform="cpu", vllm_version=version, max_model_len=4096, **settings),
         available_kv_bytes_per_worker=GIB,
     )
-    return known(result).num_gpu_blocks, [group.spec_type for group in result.capacity.groups]
+    return result.figures.num_gpu_blocks, [group.spec_type for group in result.capacity.groups]
 
 
 def test_kv_events_turn_the_hybrid_manager_off_only_before_0_20() -> None:
@@ -82,4 +81,4 @@ def test_a_command_line_with_kv_events_plans_an_old_engine_without_the_hybrid_ma
     settings = dataclasses.replace(to_engine_settings(args), platform="cpu", vllm_version="0.15.1")
     result = derive_capacity(_config("gemma3"), settings, available_kv_bytes_per_worker=GIB)
     assert (result.capacity.num_gpu_blocks, len(result.capacity.groups)) == (5461, 1)
-    assert round(known(result).kv_cache_max_concurrency, 2) == 170.66
+    assert round(result.figures.kv_cache_max_concurrency, 2) == 170.66

@@ -11,7 +11,7 @@ import pytest
 
 from exporter.capacity.weights import ParallelLayout, _pp_indices, weights_per_worker
 from exporter.capacity.weights_quantization import parse_quantization
-from exporter.capacity_cli.inputs import _weights
+from exporter.capacity_cli.inputs import binding_worker_weights
 from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
 from exporter.errors import ConfigError
 from exporter.model_config import ResolvedModel, load_model_config, resolve_model
@@ -182,7 +182,9 @@ def _folder(tmp_path: Path, config: dict[str, Any], total: int | None = None) ->
 def test_capacity_reads_expert_parallel_from_the_vllm_command(tmp_path: Path) -> None:
     model = _folder(tmp_path, _config("qwen3-30b-a3b"))
     vllm = parse_vllm_serve_args(["serve", str(tmp_path), "-tp", "2", "--enable-expert-parallel"])
-    weights = _weights(model, load_model_config(model.config_file), to_engine_settings(vllm), vllm)
+    weights = binding_worker_weights(
+        model, load_model_config(model.config_file), to_engine_settings(vllm), vllm
+    )
     expected = weights_per_worker(
         _config("qwen3-30b-a3b"), ParallelLayout(2, enable_expert_parallel=True)
     )
@@ -195,15 +197,21 @@ def test_the_checkpoint_total_is_quoted_and_is_the_fallback(tmp_path: Path) -> N
     modelled: the index's total split over the workers, saying why."""
     model = _folder(tmp_path, _config("llama-3.1-8b"), total=16_060_522_496)
     vllm = parse_vllm_serve_args(["serve", str(tmp_path), "-tp", "2"])
-    weights = _weights(model, load_model_config(model.config_file), to_engine_settings(vllm), vllm)
+    weights = binding_worker_weights(
+        model, load_model_config(model.config_file), to_engine_settings(vllm), vllm
+    )
     assert weights.bytes_per_worker == 8_064_082_432  # vLLM 0.32's TP rank
     assert weights.checkpoint_total_bytes == 16_060_522_496
+    assert weights.exact
     unknown = _config("llama-3.1-8b")
     unknown["model_type"] = "no_such_family"
     (tmp_path / "other").mkdir()
     other = _folder(tmp_path / "other", unknown, total=10_000)
-    fallback = _weights(other, load_model_config(other.config_file), to_engine_settings(vllm), vllm)
+    fallback = binding_worker_weights(
+        other, load_model_config(other.config_file), to_engine_settings(vllm), vllm
+    )
     assert fallback.bytes_per_worker == 5_000
+    assert not fallback.exact  # a checkpoint's total split evenly is not what vLLM allocates
     assert "split evenly over 2 worker(s)" in fallback.source
     assert "not modelled" in fallback.source
 
@@ -224,7 +232,9 @@ def test_capacity_drops_the_vision_tower_as_vllm_does(
     config = copy.deepcopy(CASES["configs"]["gemma-3-27b-it"])
     model = _folder(tmp_path, config)
     vllm = parse_vllm_serve_args(["serve", str(tmp_path), *flags])
-    weights = _weights(model, load_model_config(model.config_file), to_engine_settings(vllm), vllm)
+    weights = binding_worker_weights(
+        model, load_model_config(model.config_file), to_engine_settings(vllm), vllm
+    )
     layout = ParallelLayout(language_model_only=language_only)
     assert weights.bytes_per_worker == weights_per_worker(config, layout).bytes_per_worker
     assert ("vision tower" in weights.source) is not language_only

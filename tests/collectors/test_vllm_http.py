@@ -29,7 +29,6 @@ from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_setting
 from exporter.demo import example_config, simulated_deployment
 from exporter.errors import ConfigError
 from exporter.state import KvUsage, StateStore
-from tests.capacity.figures import known
 from tests.collectors.recorded_vllm import Playback, serve
 from tests.conftest import GOLDEN
 from tests.support import cli_command
@@ -78,7 +77,7 @@ def _release_plan(fixture: dict[str, Any], path: Path) -> Callable[[int], int | 
             max_model_len=fixture["engines"][0]["max_model_len"],
             vllm_version=fixture["version"]["version"],
         )
-        return known(derive_capacity(config, release, num_gpu_blocks=blocks)).kv_cache_size_tokens
+        return derive_capacity(config, release, num_gpu_blocks=blocks).figures.kv_cache_size_tokens
 
     return plan
 

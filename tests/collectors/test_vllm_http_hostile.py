@@ -12,7 +12,7 @@ import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +21,16 @@ import structlog
 
 from exporter.collectors import FetchError, ServerPoller, VllmHttpSettings, fetch
 from exporter.collectors.parsing import parse_vllm_serve_args
+from exporter.demo.http_thread import ThreadedHttpServer
 from exporter.state import StateStore
 from tests.conftest import GOLDEN
+from tests.support.http_server import http_serving
 
 GEMMA = GOLDEN / "expositions" / "gemma-3-27b-text-dp2-tp2.vllm-0.33.txt"
 Respond = Callable[[BaseHTTPRequestHandler], None]
 
 
-class _QuietServer(ThreadingHTTPServer):
-    daemon_threads = True
-
+class _QuietServer(ThreadedHttpServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A poller that hung up mid-request is what these tests do: nothing to print."""
 
@@ -51,15 +51,8 @@ def stand_in(respond: Respond) -> Iterator[tuple[str, list[str]]]:
         def log_message(self, format: str, *args: Any) -> None:
             """Quiet."""
 
-    server = _QuietServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", asked
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_serving(Handler, _QuietServer) as url:
+        yield url, asked
 
 
 def answer(

@@ -23,7 +23,6 @@ from exporter.collectors import (
 )
 from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
 from exporter.state import StateStore
-from tests.capacity.figures import known
 from tests.collectors.recorded_vllm import Playback, serve
 from tests.collectors.test_vllm_http import EXPOSITIONS, exposition_of, load, settings_for
 from tests.conftest import FIXTURES
@@ -46,7 +45,7 @@ def _plans() -> tuple[int, int]:
     blocks = engine["num_gpu_blocks"]
     own = derive_capacity(config, replace(settings, vllm_version="0.23.0"), num_gpu_blocks=blocks)
     newest = derive_capacity(config, settings, num_gpu_blocks=blocks)
-    return known(own).kv_cache_size_tokens, known(newest).kv_cache_size_tokens
+    return own.figures.kv_cache_size_tokens, newest.figures.kv_cache_size_tokens
 
 
 def test_no_derivation_until_version_answers_then_the_release_own() -> None:

@@ -16,7 +16,6 @@ import yaml
 
 from exporter.demo import DEMO_SERVED_NAME, demo_running
 from exporter.demo.simulated_vllm import SimulatedVllm, offload_tier
-from tests.capacity.figures import known
 from tests.deploy.conftest import K8sTools, one
 from tests.integration.prometheus import Prometheus
 from tests.tools import require_tool
@@ -297,10 +296,10 @@ def test_rules_on_a_real_prometheus(live: tuple[SimulatedVllm, RulesPrometheus])
         "the recording rules",
     )
     capacity = prometheus.value(f"namespace_model_name:kvcap_kv_cache_capacity_tokens:sum{totals}")
-    assert list(capacity.values()) == [2 * known(plan).kv_cache_size_tokens]
+    assert list(capacity.values()) == [2 * plan.figures.kv_cache_size_tokens]
     # Both tiers: the demo's engines offload to CPU (vllm:kv_offload_config_info's tokens).
     offloaded = offload_tier(plan, (simulation.kv_offloading_size_gib or 0) << 30)
-    both = 2 * (known(plan).kv_cache_size_tokens + offloaded["capacity_tokens_at_max_len"])
+    both = 2 * (plan.figures.kv_cache_size_tokens + offloaded["capacity_tokens_at_max_len"])
     prometheus.wait_until(
         lambda: (
             list(
@@ -315,7 +314,7 @@ def test_rules_on_a_real_prometheus(live: tuple[SimulatedVllm, RulesPrometheus])
     concurrency = prometheus.value(
         f"namespace_model_name:kvcap_kv_cache_max_concurrency:sum{totals}"
     )
-    assert list(concurrency.values()) == [pytest.approx(2 * known(plan).kv_cache_max_concurrency)]
+    assert list(concurrency.values()) == [pytest.approx(2 * plan.figures.kv_cache_max_concurrency)]
     assert list(prometheus.value(f"namespace_model_name:kvcap_engines:count{totals}").values()) == [
         2
     ]

@@ -30,7 +30,6 @@ from exporter.capacity import (
     supported_families,
 )
 from exporter.errors import KvcapError
-from tests.capacity.figures import known
 from tests.conftest import FIXTURES, load_golden_cases
 from tests.fuzz.mutations import HOSTILE_NUMBERS, garbage, mutated
 
@@ -188,7 +187,7 @@ def check_plan(result: CapacityResult, kwargs: dict[str, Any], memory: dict[str,
     for name in ("num_gpu_blocks", "block_size", "max_model_len", "kv_cache_size_tokens"):
         value = getattr(result.capacity, name)
         assert type(value) is int, (name, value)
-    figures = known(result)
+    figures = result.figures
     assert isinstance(result.capacity.kv_cache_max_concurrency, float)
     assert math.isfinite(figures.kv_cache_max_concurrency)
     assert result.capacity.groups

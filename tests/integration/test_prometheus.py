@@ -10,7 +10,6 @@ import pytest
 from exporter.demo import demo_running
 from exporter.demo.simulated_vllm import SimulatedVllm
 from exporter.serve import Exporter
-from tests.capacity.figures import known
 from tests.integration.prometheus import Prometheus
 
 
@@ -35,7 +34,7 @@ def test_prometheus_sums_engines_and_forgets_removed_ones(
         assert len(total) == 1
         assert total[0]["metric"] == {"model_name": "google/gemma-3-27b-it"}
         assert float(total[0]["value"][1]) == sum(float(s["value"][1]) for s in per_engine)
-        assert float(total[0]["value"][1]) == 2 * known(simulation.plan).kv_cache_size_tokens
+        assert float(total[0]["value"][1]) == 2 * simulation.plan.figures.kv_cache_size_tokens
         assert {s["metric"]["engine"] for s in per_engine} == {"0", "1"}
 
         simulation.remove_engine(1)

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from exporter.demo.http_thread import ThreadedHttpServer
 
 
 @contextmanager
-def http_serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+def http_serving(
+    handler: type[BaseHTTPRequestHandler],
+    server_class: type[ThreadedHttpServer] = ThreadedHttpServer,
+) -> Iterator[str]:
     """`handler` served from a thread on 127.0.0.1; yields the base URL, stops on leaving."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = server_class(("127.0.0.1", 0), handler)
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield server.start()
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
