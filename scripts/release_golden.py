@@ -512,6 +512,24 @@ def _triton_h100() -> None:
     triton.runtime.driver.set_active(driver)
 
 
+def _device_count_stateless() -> None:
+    """vLLM's own NVML device count (`cuda_device_count_stateless`, which some releases'
+    ParallelConfig asks before it accepts TP x PP > 1) answers the stand-in node's count:
+    torch here is not built with CUDA, so it would say 0."""
+    import importlib
+
+    for name in ("vllm.utils.torch_utils", "vllm.utils"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "cuda_device_count_stateless"):
+            module.cuda_device_count_stateless = lambda: _GPUS_PER_NODE
+    for module in list(sys.modules.values()):  # modules that bound it by name already
+        if module is not None and hasattr(module, "cuda_device_count_stateless"):
+            vars(module)["cuda_device_count_stateless"] = lambda: _GPUS_PER_NODE
+
+
 def _cuda_platform() -> None:
     """The release's own CudaPlatform stands in for one H100 (compute capability 9.0,
     80 GiB, 132 SMs): only what NVML / the CUDA runtime would tell it is answered here."""
@@ -565,6 +583,7 @@ def _cuda_platform() -> None:
         def log_warnings(cls) -> None:
             return None
 
+    _device_count_stateless()
     platforms._current_platform = h100 = H100()
     if resolved_before is not None:
         for module in list(sys.modules.values()):
