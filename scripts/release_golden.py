@@ -524,7 +524,7 @@ def _device_count_stateless() -> None:
         except ImportError:
             continue
         if hasattr(module, "cuda_device_count_stateless"):
-            module.cuda_device_count_stateless = lambda: _GPUS_PER_NODE
+            vars(module)["cuda_device_count_stateless"] = lambda: _GPUS_PER_NODE
     for module in list(sys.modules.values()):  # modules that bound it by name already
         if module is not None and hasattr(module, "cuda_device_count_stateless"):
             vars(module)["cuda_device_count_stateless"] = lambda: _GPUS_PER_NODE
