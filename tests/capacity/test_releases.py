@@ -57,7 +57,7 @@ def test_the_docs_table_of_changes_is_the_rule_table() -> None:
         ("0.11.1", "0.11.0", False),
         ("0.15.1", "0.15.0", False),
         ("0.18.1", "0.18.0", False),
-        ("0.19.1", "0.18.0", False),
+        ("0.19.1", "0.19.0", False),
         ("0.20.0", "0.20.0", False),
         ("0.20.1", "0.20.1", False),
         ("0.28.3", "0.27.0", False),  # between two entries: the older one
