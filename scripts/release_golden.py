@@ -450,6 +450,26 @@ def _cuda_wheel(platforms: Any) -> None:
     here: planning launches no kernel)."""
     is_version = platforms.vllm_version_matches_substr
     platforms.vllm_version_matches_substr = lambda part: part != "cpu" and is_version(part)
+
+
+def _triton_active() -> None:
+    """Before vLLM is imported (its `triton_utils` decides HAS_TRITON at import, and with
+    it the model runner: V2 needs Triton): Triton's CUDA driver active, and the package
+    metadata's "vllm" version the release's own, without "+cpu" (the unpacked release has
+    no metadata; some releases read `importlib.metadata.version("vllm")` there and, not
+    finding it, turn Triton off)."""
+    import importlib
+    from importlib import metadata
+
+    real_version = metadata.version
+
+    def version(distribution_name: str) -> str:
+        if distribution_name == "vllm":
+            release = str(importlib.import_module("vllm.version").__version__)
+            return release.split("+", maxsplit=1)[0]
+        return real_version(distribution_name)
+
+    metadata.version = version
     try:
         from triton.backends import backends
     except ImportError:
@@ -533,6 +553,7 @@ def _device_count_stateless() -> None:
 def _cuda_platform() -> None:
     """The release's own CudaPlatform stands in for one H100 (compute capability 9.0,
     80 GiB, 132 SMs): only what NVML / the CUDA runtime would tell it is answered here."""
+    _triton_active()
     from vllm import platforms
 
     _cuda_wheel(platforms)
