@@ -323,12 +323,23 @@ class _Built:
 _LAST_BUILT: dict[str, _Built] = {}  # the last settings built (key: config and flags)
 
 
+def _specs_of(vllm_config: Any) -> dict[str, Any]:
+    """The built model's layer specs, after the release's block size update (TP = PP = 1:
+    the callers that build the model themselves)."""
+    release_compat.update_block_size(vllm_config)
+    return release_compat.layer_specs(vllm_config)
+
+
 def _plan(
     vllm_config: Any,
     settings: dict[str, Any],
     capture: _Capture,
-    stages: list[tuple[dict[str, Any], list[str]]],
+    stages: list[tuple[dict[str, Any], list[str]]] | None = None,
 ) -> dict[str, Any]:
+    """Plan the built model; `stages`: every pipeline stage's specs and backends (None: the
+    one model the caller built, TP = PP = 1)."""
+    if stages is None:
+        stages = [(_specs_of(vllm_config), _attention_backends(vllm_config))]
     import vllm.logger
     from vllm.v1.core import kv_cache_utils as planning
 
