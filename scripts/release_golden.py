@@ -433,6 +433,7 @@ class _Device:
     sms: int
 
 
+_HOST_MEMORY = 2 * 1024**4  # a DGX H100's 2 TiB
 _GPUS_PER_NODE = 8  # one node of eight H100s: the grid's TP x PP shapes are at most 8
 _H100 = _Device(name="NVIDIA H100 80GB HBM3", capability=(9, 0), memory=80 * 1024**3, sms=132)
 
@@ -544,21 +545,29 @@ def _triton_h100() -> None:
 
 
 def _device_count_stateless() -> None:
-    """vLLM's own NVML device count (`cuda_device_count_stateless`, which some releases'
-    ParallelConfig asks before it accepts TP x PP > 1) answers the stand-in node's count:
-    torch here is not built with CUDA, so it would say 0."""
+    """What the stand-in node's host answers where vLLM asks it directly: its own NVML
+    device count (`cuda_device_count_stateless`, which some releases' ParallelConfig asks
+    before it accepts TP x PP > 1; torch here is not built with CUDA, so it would say 0),
+    and the host's memory (`get_cpu_memory`, which 0.15's CacheConfig compares with the swap
+    space of every GPU: 4 GiB x TP 8 is more than this machine has, not a DGX H100's 2 TiB)."""
     import importlib
 
-    for name in ("vllm.utils.torch_utils", "vllm.utils"):
+    answers = {
+        "cuda_device_count_stateless": lambda: _GPUS_PER_NODE,
+        "get_cpu_memory": lambda: _HOST_MEMORY,
+    }
+    for name in ("vllm.utils.torch_utils", "vllm.utils.mem_utils", "vllm.utils"):
         try:
             module = importlib.import_module(name)
         except ImportError:
             continue
-        if hasattr(module, "cuda_device_count_stateless"):
-            vars(module)["cuda_device_count_stateless"] = lambda: _GPUS_PER_NODE
-    for module in list(sys.modules.values()):  # modules that bound it by name already
-        if module is not None and hasattr(module, "cuda_device_count_stateless"):
-            vars(module)["cuda_device_count_stateless"] = lambda: _GPUS_PER_NODE
+        for attr, answer in answers.items():
+            if hasattr(module, attr):
+                vars(module)[attr] = answer
+    for module in list(sys.modules.values()):  # modules that bound them by name already
+        for attr, answer in answers.items():
+            if module is not None and hasattr(module, attr):
+                vars(module)[attr] = answer
 
 
 def _cuda_platform() -> None:
