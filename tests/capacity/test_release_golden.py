@@ -57,10 +57,20 @@ def test_the_grid_cases_are_every_record_of_the_golden_grid() -> None:
     assert len(cases) == len([line for line in golden if line.strip()]) == 225
 
 
+# Cases a release's records leave out (the README there says why), by id prefix.
+GRID_LEFT_OUT = {
+    # 0.15.1's DeepSeek rotary embedding builds its cache on the platform's device ("cuda"),
+    # which the CPU torch of the runner cannot make.
+    "vllm-0.15.1-cuda-grid": ("deepseek-v3|",),
+}
+
+
 @pytest.mark.parametrize("path", GRID_FILES, ids=[path.stem for path in GRID_FILES])
 def test_a_grid_file_has_a_record_of_every_case(path: Path) -> None:
     cases = json.loads(GRID_CASES.read_text(encoding="utf-8"))
-    assert [record["id"] for record in _records(path)] == [case["id"] for case in cases]
+    left_out = GRID_LEFT_OUT.get(path.stem, ())
+    expected = [case["id"] for case in cases if not case["id"].startswith(left_out)]
+    assert [record["id"] for record in _records(path)] == expected
     assert {record["platform"] for record in _records(path)} == {"cuda"}
 
 
