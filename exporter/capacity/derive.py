@@ -289,6 +289,7 @@ def _plan_blocks(
     override = settings.num_gpu_blocks_override
     sizing_override = override if rules.override_sizes_memory else None
     fixed_blocks = sizing_override or num_gpu_blocks
+    workers_measured = not fixed_blocks and available_kv_bytes_per_worker is not None
     workers = [
         (bpb, fixed_blocks * bpb if fixed_blocks else available_kv_bytes_per_worker or 0)
         for bpb in worker_bytes
@@ -306,7 +307,9 @@ def _plan_blocks(
         )
         if max_model_len == 0:
             raise auto_fit_failure()
-    for bpb, available in workers:
+    # Before 0.20.1 the check used the measured memory, not the override's: unknown here.
+    unchecked = bool(override) and not rules.override_sizes_memory and not workers_measured
+    for bpb, available in [] if unchecked else workers:
         check_fits(
             max_model_len=max_model_len,
             usable_bytes=usable(bpb, available),
