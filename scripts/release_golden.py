@@ -92,10 +92,10 @@ def _stage_specs(vllm_config: Any, stage: int) -> tuple[dict[str, Any], list[str
 _REAL_GROUPS: dict[str, Any] = {}
 
 
-def _rank_groups(tp: int, pp: int, stage: int) -> None:
-    """Point the one-process TP, PP (and EP) groups at TP rank 0 of pipeline stage `stage`
-    of a TP x PP shape: the model classes read only the groups' sizes and ranks while they
-    are built on meta, and planning runs no collective."""
+def _rank_groups(tp: int, pp: int, stage: int, tp_rank: int = 0) -> None:
+    """Point the one-process TP, PP (and EP) groups at TP rank `tp_rank` of pipeline stage
+    `stage` of a TP x PP shape: the model classes read only the groups' sizes and ranks
+    while they are built on meta, and planning runs no collective."""
     import copy
 
     from vllm.distributed import parallel_state as state
@@ -109,10 +109,10 @@ def _rank_groups(tp: int, pp: int, stage: int) -> None:
         fake.local_rank = rank
         return fake
 
-    state._TP = shaped(_REAL_GROUPS["tp"], tp, 0)
+    state._TP = shaped(_REAL_GROUPS["tp"], tp, tp_rank)
     state._PP = shaped(_REAL_GROUPS["pp"], pp, stage)
     if _REAL_GROUPS.get("ep") is not None:
-        state._EP = shaped(_REAL_GROUPS["ep"], tp, 0)
+        state._EP = shaped(_REAL_GROUPS["ep"], tp, tp_rank)
 
 
 def _attention_backends(vllm_config: Any) -> list[str]:
