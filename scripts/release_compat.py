@@ -71,13 +71,14 @@ def _runner_specs(vllm_config: Any) -> dict[str, Any]:
     return specs
 
 
-def plan(planning: Any, vllm_config: Any, specs: dict[str, Any], memory: int) -> Any:
-    """The scheduler's KV cache config, as the release's EngineCore makes it."""
+def plan(planning: Any, vllm_config: Any, workers: list[dict[str, Any]], memory: int) -> Any:
+    """The scheduler's KV cache config, as the release's EngineCore makes it from every
+    worker's layer specs, each worker with `memory` bytes."""
     if hasattr(planning, "get_kv_cache_configs"):  # 0.11 and later
-        configs = planning.get_kv_cache_configs(vllm_config, [specs], [memory])
+        configs = planning.get_kv_cache_configs(vllm_config, workers, [memory] * len(workers))
         return planning.generate_scheduler_kv_cache_config(configs)
     # 0.10: one config per worker, unified, and the first one is the scheduler's.
-    configs = [planning.get_kv_cache_config(vllm_config, specs, memory)]
+    configs = [planning.get_kv_cache_config(vllm_config, specs, memory) for specs in workers]
     planning.unify_kv_cache_configs(configs)
     return configs[0]
 

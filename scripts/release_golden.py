@@ -54,7 +54,8 @@ _PLATFORM: list[str] = ["cpu"]  # the platform the release plans on: its own (cp
 _LOG_WORDS = ("KV cache size", "Maximum concurrency")
 # Case settings that are not EngineArgs: the KV memory, and environment variables
 # (e.g. VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE) set while the case plans.
-_NOT_FLAGS = ("available_kv_bytes_per_worker", "env")
+_NOT_FLAGS = ("available_kv_bytes_per_worker", "env", "num_gpu_blocks_override")
+_LAYER_SPECS: list[bool] = [True]  # records carry every layer's spec (off: --no-layer-specs)
 
 
 class _Capture(logging.Handler):
@@ -68,9 +69,50 @@ class _Capture(logging.Handler):
             self.lines.append(message)
 
 
-def _specs_of(vllm_config: Any) -> dict[str, Any]:
-    release_compat.update_block_size(vllm_config)
-    return release_compat.layer_specs(vllm_config)
+def _pp_size(vllm_config: Any) -> int:
+    return int(vllm_config.parallel_config.pipeline_parallel_size)
+
+
+def _stage_specs(vllm_config: Any, stage: int) -> tuple[dict[str, Any], list[str]]:
+    """One pipeline stage's layer specs and attention backends, as each of its TP ranks
+    reports them (every TP rank of a stage holds the same layer shapes). The model class
+    is built with the TP and PP groups pointed at rank (0, stage) of the TP x PP shape;
+    after the first stage's build, the release's `update_block_size_for_backend` runs, as
+    its executor does after `load_model`."""
+    parallel = vllm_config.parallel_config
+    _rank_groups(parallel.tensor_parallel_size, parallel.pipeline_parallel_size, stage)
+    # Each build registers its attention layers by name; the next stage builds its own.
+    vllm_config.compilation_config.static_forward_context.clear()
+    _build_model(vllm_config)
+    if stage == 0:
+        release_compat.update_block_size(vllm_config)
+    return release_compat.layer_specs(vllm_config), _attention_backends(vllm_config)
+
+
+_REAL_GROUPS: dict[str, Any] = {}
+
+
+def _rank_groups(tp: int, pp: int, stage: int, tp_rank: int = 0) -> None:
+    """Point the one-process TP, PP (and EP) groups at TP rank `tp_rank` of pipeline stage
+    `stage` of a TP x PP shape: the model classes read only the groups' sizes and ranks
+    while they are built on meta, and planning runs no collective."""
+    import copy
+
+    from vllm.distributed import parallel_state as state
+
+    def shaped(group: Any, size: int, rank: int) -> Any:
+        fake = copy.copy(group)
+        fake.world_size = size
+        fake.rank_in_group = rank
+        fake.ranks = list(range(size))
+        fake.rank = rank
+        fake.local_rank = rank
+        return fake
+
+    state._TP = shaped(_REAL_GROUPS["tp"], tp, tp_rank)
+    state._PP = shaped(_REAL_GROUPS["pp"], pp, stage)
+    if _REAL_GROUPS.get("ep") is not None:
+        state._EP = shaped(_REAL_GROUPS["ep"], tp, tp_rank)
 
 
 def _attention_backends(vllm_config: Any) -> list[str]:
@@ -97,7 +139,12 @@ def _init_distributed() -> None:
         init_distributed_environment,
         initialize_model_parallel,
     )
+    from vllm.distributed import parallel_state as state
 
+    if _REAL_GROUPS:  # the real groups back, so the release can destroy them
+        state._TP, state._PP = _REAL_GROUPS["tp"], _REAL_GROUPS["pp"]
+        if _REAL_GROUPS.get("ep") is not None:
+            state._EP = _REAL_GROUPS["ep"]
     if not _STATE:
         rendezvous = Path(tempfile.mkdtemp()) / "rendezvous"
         init_distributed_environment(
@@ -111,6 +158,7 @@ def _init_distributed() -> None:
     else:
         destroy_model_parallel()
     initialize_model_parallel(1, 1)
+    _REAL_GROUPS.update(tp=state._TP, pp=state._PP, ep=getattr(state, "_EP", None))
 
 
 def _build_model(vllm_config: Any) -> None:
@@ -153,7 +201,7 @@ def _resolve_layout(vllm_config: Any, specs: dict[str, Any]) -> None:
 
 
 def _plan_global_groups(
-    planning: Any, vllm_config: Any, specs: dict[str, Any], memory: int
+    planning: Any, vllm_config: Any, workers: list[dict[str, Any]], memory: int
 ) -> Any | None:
     """0.33 and later: EngineCore registers the spec classes and plans the global groups
     first (`v1/core/kv_cache_planning.py`); None for older releases."""
@@ -163,8 +211,9 @@ def _plan_global_groups(
     except ImportError:
         return None
     register_all_kvcache_specs(vllm_config)
-    groups = kv_cache_planning.get_global_kv_cache_groups(vllm_config, [specs])
-    configs = kv_cache_planning.get_kv_cache_configs(vllm_config, [specs], [memory], groups)
+    groups = kv_cache_planning.get_global_kv_cache_groups(vllm_config, workers)
+    memories = [memory] * len(workers)
+    configs = kv_cache_planning.get_kv_cache_configs(vllm_config, workers, memories, groups)
     return planning.generate_scheduler_kv_cache_config(configs)
 
 
@@ -218,21 +267,28 @@ def run_one(case: dict[str, Any]) -> dict[str, Any]:
         "settings": settings,
     }
     environment = release_compat.case_environment(settings.get("env") or {})
+    key = json.dumps([case["hf_config"], flags, settings.get("env")], sort_keys=True)
     try:
-        engine_args = EngineArgs(
-            model=str(model_dir),
-            load_format="dummy",
-            skip_tokenizer_init=True,
-            enforce_eager=True,
-            dtype="bfloat16",
-            **release_compat.engine_flags(flags),
-        )
-        vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
-        release_compat.check_v1_engine()
-        with set_current_vllm_config(vllm_config):
-            _init_distributed()
-            _build_model(vllm_config)
-            record.update(_plan(vllm_config, settings, capture))
+        built = _LAST_BUILT.get(key)
+        if built is None:
+            _LAST_BUILT.clear()
+            engine_args = EngineArgs(
+                model=str(model_dir),
+                load_format="dummy",
+                skip_tokenizer_init=True,
+                enforce_eager=True,
+                dtype="bfloat16",
+                **release_compat.engine_flags(flags),
+            )
+            config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+            release_compat.check_v1_engine()
+            with set_current_vllm_config(config):
+                _init_distributed()
+                stages = [_stage_specs(config, stage) for stage in range(_pp_size(config))]
+            built = _LAST_BUILT[key] = _Built(config, stages)
+        built.restore(settings.get("num_gpu_blocks_override"))
+        with set_current_vllm_config(built.config):
+            record.update(_plan(built.config, settings, capture, built.stages))
     except Exception as error:  # vLLM refused: the record says how
         if os.environ.get("RELEASE_GOLDEN_TRACEBACK"):
             traceback.print_exc()
@@ -242,7 +298,48 @@ def run_one(case: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def _plan(vllm_config: Any, settings: dict[str, Any], capture: _Capture) -> dict[str, Any]:
+class _Built:
+    """One engine config with its model built and every stage's specs, planned again for
+    each KV memory and --num-gpu-blocks-override of the same settings (the grid's cases
+    of one setting are adjacent): neither changes the config or the specs. Planning
+    changes only `max_model_len` (auto-fit) and cache_config (block size, capacity), so
+    both are put back as they were after the build before each plan."""
+
+    def __init__(self, config: Any, stages: list[tuple[dict[str, Any], list[str]]]) -> None:
+        self.config = config
+        self.stages = stages
+        self._max_model_len = config.model_config.max_model_len
+        self._cache = dict(vars(config.cache_config))
+
+    def restore(self, override: int | None) -> None:
+        self.config.model_config.max_model_len = self._max_model_len
+        cache = self.config.cache_config
+        for name in [name for name in vars(cache) if name not in self._cache]:
+            delattr(cache, name)
+        vars(cache).update(self._cache)
+        cache.num_gpu_blocks_override = override
+
+
+_LAST_BUILT: dict[str, _Built] = {}  # the last settings built (key: config and flags)
+
+
+def _specs_of(vllm_config: Any) -> dict[str, Any]:
+    """The built model's layer specs, after the release's block size update (TP = PP = 1:
+    the callers that build the model themselves)."""
+    release_compat.update_block_size(vllm_config)
+    return release_compat.layer_specs(vllm_config)
+
+
+def _plan(
+    vllm_config: Any,
+    settings: dict[str, Any],
+    capture: _Capture,
+    stages: list[tuple[dict[str, Any], list[str]]] | None = None,
+) -> dict[str, Any]:
+    """Plan the built model; `stages`: every pipeline stage's specs and backends (None: the
+    one model the caller built, TP = PP = 1)."""
+    if stages is None:
+        stages = [(_specs_of(vllm_config), _attention_backends(vllm_config))]
     import vllm.logger
     from vllm.v1.core import kv_cache_utils as planning
 
@@ -251,14 +348,17 @@ def _plan(vllm_config: Any, settings: dict[str, Any], capture: _Capture) -> dict
     logging.getLogger("vllm").addHandler(capture)
 
     record: dict[str, Any] = {}
-    specs = _specs_of(vllm_config)
+    specs = stages[0][0]
     _resolve_layout(vllm_config, specs)
     memory = settings["available_kv_bytes_per_worker"]
+    # One spec dict per worker, rank = stage x TP + TP rank: every TP rank of a stage alike.
+    tp = int(vllm_config.parallel_config.tensor_parallel_size)
+    workers = [stage_specs for stage_specs, _ in stages for _ in range(tp)]
     before = vllm_config.model_config.max_model_len
     block_before = vllm_config.cache_config.block_size
-    scheduler = _plan_global_groups(planning, vllm_config, specs, memory)
+    scheduler = _plan_global_groups(planning, vllm_config, workers, memory)
     if scheduler is None:
-        scheduler = release_compat.plan(planning, vllm_config, specs, memory)
+        scheduler = release_compat.plan(planning, vllm_config, workers, memory)
     groups = scheduler.kv_cache_groups
     block_size = _scheduler_block_size(groups)
     vllm_config.cache_config.block_size = block_size
@@ -272,7 +372,7 @@ def _plan(vllm_config: Any, settings: dict[str, Any], capture: _Capture) -> dict
         "mamba_cache_mode": getattr(cache, "mamba_cache_mode", None),
         "mamba_ssm_cache_dtype": cache.mamba_ssm_cache_dtype,
         "cache_dtype": cache.cache_dtype,
-        "attention_backends": _attention_backends(vllm_config),
+        "attention_backends": sorted({name for _, names in stages for name in names}),
     }
     record["result"] = {
         "num_gpu_blocks": scheduler.num_blocks,
@@ -285,8 +385,11 @@ def _plan(vllm_config: Any, settings: dict[str, Any], capture: _Capture) -> dict
         "groups": [
             {**_spec_json(g.kv_cache_spec), "num_layers": len(g.layer_names)} for g in groups
         ],
-        "per_layer_specs": {name: _spec_json(spec) for name, spec in specs.items()},
     }
+    if _LAYER_SPECS[0]:
+        record["result"]["per_layer_specs"] = {
+            name: _spec_json(spec) for name, spec in specs.items()
+        }
     logging.getLogger("vllm").removeHandler(capture)
     return record
 
@@ -330,6 +433,8 @@ class _Device:
     sms: int
 
 
+_HOST_MEMORY = 2 * 1024**4  # a DGX H100's 2 TiB
+_GPUS_PER_NODE = 8  # one node of eight H100s: the grid's TP x PP shapes are at most 8
 _H100 = _Device(name="NVIDIA H100 80GB HBM3", capability=(9, 0), memory=80 * 1024**3, sms=132)
 
 
@@ -357,6 +462,26 @@ def _cuda_wheel(platforms: Any) -> None:
     here: planning launches no kernel)."""
     is_version = platforms.vllm_version_matches_substr
     platforms.vllm_version_matches_substr = lambda part: part != "cpu" and is_version(part)
+
+
+def _triton_active() -> None:
+    """Before vLLM is imported (its `triton_utils` decides HAS_TRITON at import, and with
+    it the model runner: V2 needs Triton): Triton's CUDA driver active, and the package
+    metadata's "vllm" version the release's own, without "+cpu" (the unpacked release has
+    no metadata; some releases read `importlib.metadata.version("vllm")` there and, not
+    finding it, turn Triton off)."""
+    import importlib
+    from importlib import metadata
+
+    real_version = metadata.version
+
+    def version(distribution_name: str) -> str:
+        if distribution_name == "vllm":
+            release = str(importlib.import_module("vllm.version").__version__)
+            return release.split("+", maxsplit=1)[0]
+        return real_version(distribution_name)
+
+    metadata.version = version
     try:
         from triton.backends import backends
     except ImportError:
@@ -391,6 +516,7 @@ def _torch_cuda_h100() -> None:
         multi_processor_count=_H100.sms,
         warp_size=32,
     )
+    torch.cuda.device_count = lambda: _GPUS_PER_NODE
     torch.cuda.get_device_name = lambda device=None: _H100.name
     torch.cuda.get_device_capability = lambda device=None: (major, minor)
     torch.cuda.get_device_properties = lambda device=None: properties
@@ -418,9 +544,36 @@ def _triton_h100() -> None:
     triton.runtime.driver.set_active(driver)
 
 
+def _device_count_stateless() -> None:
+    """What the stand-in node's host answers where vLLM asks it directly: its own NVML
+    device count (`cuda_device_count_stateless`, which some releases' ParallelConfig asks
+    before it accepts TP x PP > 1; torch here is not built with CUDA, so it would say 0),
+    and the host's memory (`get_cpu_memory`, which 0.15's CacheConfig compares with the swap
+    space of every GPU: 4 GiB x TP 8 is more than this machine has, not a DGX H100's 2 TiB)."""
+    import importlib
+
+    answers = {
+        "cuda_device_count_stateless": lambda: _GPUS_PER_NODE,
+        "get_cpu_memory": lambda: _HOST_MEMORY,
+    }
+    for name in ("vllm.utils.torch_utils", "vllm.utils.mem_utils", "vllm.utils"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        for attr, answer in answers.items():
+            if hasattr(module, attr):
+                vars(module)[attr] = answer
+    for module in list(sys.modules.values()):  # modules that bound them by name already
+        for attr, answer in answers.items():
+            if module is not None and hasattr(module, attr):
+                vars(module)[attr] = answer
+
+
 def _cuda_platform() -> None:
     """The release's own CudaPlatform stands in for one H100 (compute capability 9.0,
     80 GiB, 132 SMs): only what NVML / the CUDA runtime would tell it is answered here."""
+    _triton_active()
     from vllm import platforms
 
     _cuda_wheel(platforms)
@@ -459,7 +612,7 @@ def _cuda_platform() -> None:
 
         @classmethod
         def device_count(cls) -> int:
-            return 1
+            return _GPUS_PER_NODE  # TP x PP up to 8 fits on the node
 
         @classmethod
         def current_device(cls) -> Any:
@@ -471,6 +624,7 @@ def _cuda_platform() -> None:
         def log_warnings(cls) -> None:
             return None
 
+    _device_count_stateless()
     platforms._current_platform = h100 = H100()
     if resolved_before is not None:
         for module in list(sys.modules.values()):
@@ -503,8 +657,15 @@ def main() -> int:
         help="releases that require intel_extension_for_pytorch on x86-64 (0.10): an empty "
         "stand-in, so the CPU platform plans as it does with IPEX installed",
     )
+    parser.add_argument(
+        "--no-layer-specs",
+        action="store_true",
+        help="leave each layer's spec out of the records (the grid: the groups hold them)",
+    )
+    parser.add_argument("--only", nargs="+", help="only the cases whose id has one of these")
     args = parser.parse_args()
     _PLATFORM[0] = args.platform
+    _LAYER_SPECS[0] = not args.no_layer_specs
     if args.platform == "cuda":
         _cuda_platform()
     elif args.stub_kernels:
@@ -515,15 +676,16 @@ def main() -> int:
     # the CPU platform from sizing anything after the host's RAM.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     cases = [case for path in args.cases for case in json.loads(path.read_text())]
-    records = []
-    for case in cases:
-        record = run_one(case)
-        print(case["id"], record.get("result", {}).get("log_lines") or record.get("error"))
-        records.append(record)
+    if args.only:
+        cases = [case for case in cases if any(part in case["id"] for part in args.only)]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", encoding="utf-8") as handle:
-        for record in records:
+    with args.out.open("w", encoding="utf-8") as handle:  # one line per case, as it ends
+        for case in cases:
+            record = run_one(case)
+            outcome = record.get("result", {}).get("log_lines") or record.get("error")
+            print(case["id"], outcome, flush=True)
             handle.write(json.dumps(record, sort_keys=True) + "\n")
+            handle.flush()
     return 0
 
 

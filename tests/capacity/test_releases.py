@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from exporter.capacity import NEWEST, RELEASES, parse_version, platform_rules, release_rules
+from exporter.capacity.releases import changes_table
 from exporter.errors import ConfigError
 
 
@@ -35,6 +38,16 @@ def test_entries_are_in_release_order_and_each_names_what_it_follows() -> None:
     assert releases == sorted(releases)
     assert len(set(releases)) == len(releases)
     assert all(entry.prs or entry.source or entry is RELEASES[0] for entry in RELEASES)
+    # Every entry after the first names the code (file and function) its rule was read from.
+    assert all(entry.source for entry in RELEASES[1:])
+
+
+def test_the_docs_table_of_changes_is_the_rule_table() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "capacity.md").read_text()
+    begin, end = "<!-- release-changes:begin -->\n", "<!-- release-changes:end -->"
+    shown = page[page.index(begin) + len(begin) : page.index(end)]
+    assert shown == changes_table()
+    assert len(shown.splitlines()) == len(RELEASES) - 1 + 2  # a row per change, and the header
 
 
 @pytest.mark.parametrize(
@@ -44,7 +57,7 @@ def test_entries_are_in_release_order_and_each_names_what_it_follows() -> None:
         ("0.11.1", "0.11.0", False),
         ("0.15.1", "0.15.0", False),
         ("0.18.1", "0.18.0", False),
-        ("0.19.1", "0.18.0", False),
+        ("0.19.1", "0.19.0", False),
         ("0.20.0", "0.20.0", False),
         ("0.20.1", "0.20.1", False),
         ("0.28.3", "0.27.0", False),  # between two entries: the older one
