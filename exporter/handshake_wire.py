@@ -108,9 +108,22 @@ class ReadyExtras(msgspec.Struct, frozen=True):
 
 
 class ExtrasSettings(msgspec.Struct, frozen=True):
-    """The one engine setting the sidecar reads (any type here: the collector checks it)."""
+    """The engine settings the sidecar reads. Any type here: the collector checks each, so
+    a bad offload setting costs the engine its offload tier, not its ready message
+    (exporter/collectors/handshake_offload.py)."""
 
     platform: Any = None
+    tensor_parallel_size: Any = None
+    # The offload tier (a plugin before it sends none of these: no tier): the cache
+    # config's `kv_offloading_size` (GiB) and `kv_offloading_backend`, and of the
+    # `kv_transfer_config` vLLM resolved them into its `kv_connector` and three keys of
+    # its `kv_connector_extra_config`.
+    kv_offloading_size: Any = None
+    kv_offloading_backend: Any = None
+    kv_connector: Any = None
+    kv_connector_cpu_bytes_to_use: Any = None
+    kv_connector_block_size: Any = None
+    kv_connector_blocks_per_chunk: Any = None
 
 
 class ReceivedExtras(msgspec.Struct, frozen=True):

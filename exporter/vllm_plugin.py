@@ -71,7 +71,14 @@ _SETTINGS = {
     "num_gpu_blocks_override": ("cache_config", "num_gpu_blocks_override"),
     # "cuda" or "cpu": the platform the engine plans for.
     "platform": ("device_config", "device_type"),
+    # The offload tier as configured (vLLM 0.27 and later; None when off).
+    "kv_offloading_size": ("cache_config", "kv_offloading_size"),
+    "kv_offloading_backend": ("cache_config", "kv_offloading_backend"),
 }
+# Of `vllm_config.kv_transfer_config.kv_connector_extra_config`, what sizes a native tier
+# (`cpu_bytes_to_use`, which vLLM's post-init sets from kv_offloading_size) and cuts it into
+# chunks; sent as `kv_connector_<key>`, scalars only (the wire takes no nested settings).
+_CONNECTOR_EXTRA_KEYS = ("cpu_bytes_to_use", "block_size", "blocks_per_chunk")
 
 
 @dataclass
@@ -398,12 +405,23 @@ def _extras(engine: Any, response: Any) -> ReadyExtras:
 
 
 def _settings(vllm_config: Any) -> dict[str, Any]:
-    settings: dict[str, Any] = {}
-    for name, (section, attribute) in _SETTINGS.items():
-        value = getattr(getattr(vllm_config, section, None), attribute, ...)
-        if value is None or isinstance(value, bool | int | float | str):
-            settings[name] = value
-    return settings
+    found = {
+        name: getattr(getattr(vllm_config, section, None), attribute, ...)
+        for name, (section, attribute) in _SETTINGS.items()
+    }
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    if transfer is not None:
+        found["kv_connector"] = getattr(transfer, "kv_connector", None)
+        extra = getattr(transfer, "kv_connector_extra_config", None)
+        if isinstance(extra, dict):
+            found.update(
+                {f"kv_connector_{key}": extra[key] for key in _CONNECTOR_EXTRA_KEYS if key in extra}
+            )
+    return {
+        name: value
+        for name, value in found.items()
+        if value is None or isinstance(value, bool | int | float | str)
+    }
 
 
 def _int_or_none(value: object) -> int | None:

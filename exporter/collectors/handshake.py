@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 import structlog
@@ -39,6 +39,7 @@ from exporter.collectors.handshake_ipc import (
     remove_ipc_file,
     set_ipc_file_mode,
 )
+from exporter.collectors.handshake_offload import BAD_OFFLOAD_SETTINGS, handshake_offload
 from exporter.collectors.kv_events_endpoints import endpoints_from_sources
 from exporter.collectors.registry import CollectorSpec, register_collector
 from exporter.errors import ConfigError, UsageError
@@ -153,6 +154,27 @@ def engine_report(ready: ReadyResponse, extras: ReceivedExtras | None) -> Engine
     )
 
 
+def with_offload(
+    report: EngineReport, extras: ReceivedExtras | None
+) -> tuple[EngineReport, tuple[str, str] | None]:
+    """The report with the offload tier the plugin's settings give the engine, cut from
+    vLLM's own plan in the report; a bad setting leaves it without one, and is returned as
+    (reason, message) for the counters."""
+    if extras is None or report.reported is None:
+        return report, None
+    try:
+        tiers = handshake_offload(
+            report.reported,
+            extras.settings,
+            world_size=report.world_size,
+            platform=report.platform,
+            version=report.vllm_version,
+        )
+    except UsageError as error:
+        return report, (BAD_OFFLOAD_SETTINGS, str(error)[:200])
+    return replace(report, offload=tiers), None
+
+
 def _group(extra: GroupExtra) -> GroupCapacity:
     per_request = extra.max_memory_usage_bytes_per_request
     return GroupCapacity(
@@ -232,25 +254,25 @@ class HandshakeReceiver:
         if len(frames) not in frame_counts:
             return "wrong_frame_count", f"{len(frames)} frames for {topic!r}"
         try:
-            apply(frames)
+            rejection = apply(frames)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as error:
             return "malformed_frame", str(error)[:200] or type(error).__name__
         except Refused as refused:
             return refused.reason, str(refused)
-        return None, ""
+        return rejection or (None, "")
 
-    def _ready(self, frames: list[bytes]) -> None:
+    def _ready(self, frames: list[bytes]) -> tuple[str, str] | None:
         """v1, the previous plugin: sent once, so the engine has no liveness but its bye."""
         ready = decode_ready(frames[1])
         extras = decode_extras(frames[2]) if len(frames) == 3 else None
-        self._claim(ready, extras, None, None)
+        return self._claim(ready, extras, None, None)
 
-    def _ready_v2(self, frames: list[bytes]) -> None:
+    def _ready_v2(self, frames: list[bytes]) -> tuple[str, str] | None:
         """v2: the ready response again every heartbeat interval."""
         ready = decode_ready(frames[1])
         heartbeat = decode_heartbeat(frames[2])
         extras = decode_extras(frames[3]) if len(frames) == 4 else None
-        self._claim(ready, extras, heartbeat.interval_s, heartbeat.bye_token)
+        return self._claim(ready, extras, heartbeat.interval_s, heartbeat.bye_token)
 
     def _claim(
         self,
@@ -258,7 +280,9 @@ class HandshakeReceiver:
         extras: ReceivedExtras | None,
         interval_s: float | None,
         bye_token: str | None,
-    ) -> None:
+    ) -> tuple[str, str] | None:
+        """Admit the engine and apply its report; a bad offload setting is returned as
+        (reason, message): the engine is applied without a tier."""
         engine = str(ready.data_parallel_rank)
         claim = Claim(
             engine=engine,
@@ -271,7 +295,9 @@ class HandshakeReceiver:
         )
         # Admitted before the report is built: a refused message costs no GPU mapping.
         self.admission.admit_ready(claim)
-        self.sink.update_engine(NAME, self.endpoint, engine_report(ready, extras))
+        report, rejection = with_offload(engine_report(ready, extras), extras)
+        self.sink.update_engine(NAME, self.endpoint, report)
+        return rejection
 
     def _bye(self, frames: list[bytes]) -> None:
         bye = decode_bye(frames[1])

@@ -9,11 +9,11 @@ A tier vLLM reports itself (`vllm:kv_offload_config_info`) is kept as it is.
 
 from __future__ import annotations
 
-from exporter.capacity import CapacityResult
+from exporter.capacity import CapacityResult, EngineCapacity
 from exporter.capacity.offload import OffloadSettings, OffloadTierPlan, plan_offload
 from exporter.capacity.offload_settings import parse_transfer_config
 from exporter.collectors.parsing import VllmServeArgs
-from exporter.errors import KvcapError
+from exporter.errors import ConfigError, KvcapError
 from exporter.state import OffloadGroupBlocks, OffloadTier
 
 
@@ -36,17 +36,43 @@ def _derived(
     if tier.source != "cache_config_info" or tier.medium != "cpu" or not tier.capacity_bytes:
         return tier
     try:
-        cut = plan_offload(
+        return cut_tier(
             plan.capacity,
             _settings(tier.capacity_bytes, args),
             world_size=(args.tensor_parallel_size or 1) * (args.pipeline_parallel_size or 1),
             tensor_parallel_size=args.tensor_parallel_size or 1,
             platform=plan.platform,
-            use_mla=any(group.kind == "mla" for group in plan.capacity.groups),
-            vllm_version=version,
+            version=version,
         )
     except KvcapError:
         return tier  # a release kvcap does not model, or a chunk size vLLM would refuse
+
+
+def cut_tier(
+    capacity: EngineCapacity,
+    settings: OffloadSettings,
+    *,
+    world_size: int,
+    tensor_parallel_size: int,
+    platform: str,
+    version: str | None,
+) -> OffloadTier:
+    """The tier `settings` give the engine `capacity` describes (derived from its settings,
+    or vLLM's own plan as the plugin sent it), cut as the release's offloading code cuts it.
+    Raises KvcapError where it cannot be: no GPU plan, a release or model kvcap does not
+    model, a chunk size vLLM would refuse."""
+    if not capacity.bytes_per_block_per_worker:
+        # Without a worker's bytes per block every chunk would be 0 bytes: no figure at all.
+        raise ConfigError("the offload tier needs the engine's bytes per block")
+    cut = plan_offload(
+        capacity,
+        settings,
+        world_size=world_size,
+        tensor_parallel_size=tensor_parallel_size,
+        platform=platform,
+        use_mla=any(group.kind == "mla" for group in capacity.groups),
+        vllm_version=version,
+    )
     return _as_tier(cut)
 
 

@@ -60,7 +60,8 @@ class OffloadTier:
     capacity_bytes: int | None = None
     # Where the figures come from: "kv_offload_config_info" (exact), "cache_config_info"
     # (released vLLM: the configured --kv-offloading-size the tier is cut from), or
-    # "derived" (that size cut into chunks by kvcap's model of vLLM's offloading code).
+    # "derived" (that size cut into chunks by kvcap's model of vLLM's offloading code), or
+    # "plugin" (the size the plugin's settings give, where the engine's plan cannot cut it).
     source: str = "kv_offload_config_info"
     groups: tuple[OffloadGroupBlocks, ...] = ()
 

@@ -287,3 +287,38 @@ def install(monkeypatch: Any, module: types.ModuleType) -> None:
     packages["vllm.v1.engine"].core = module  # type: ignore[attr-defined]
     for name, package in {**packages, "vllm.v1.engine.core": module}.items():
         monkeypatch.setitem(sys.modules, name, package)
+
+
+def offloading_vllm_config(
+    record: dict[str, Any], *, backend: str = "native"
+) -> types.SimpleNamespace:
+    """The VllmConfig attributes the plugin reads for an offload golden record's engine
+    (tests/fixtures/golden/offload/), as vLLM 0.27 to 0.32 hold them after
+    `VllmConfig._post_init_kv_transfer_config`: `cache_config.kv_offloading_size` and
+    `kv_offloading_backend`; a `kv_transfer_config` whose `kv_connector` the backend names
+    and whose `kv_connector_extra_config` (the record's, if it gave one) gains
+    `cpu_bytes_to_use` = size x 2**30 for the native backend (not for LMCache)."""
+    settings = record["settings"]
+    size = settings["kv_offloading_size"]
+    given = settings.get("kv_transfer_config") or {}
+    extra = dict(given.get("kv_connector_extra_config", {}))
+    if backend == "native":
+        extra["cpu_bytes_to_use"] = size * (1 << 30)
+    section = types.SimpleNamespace
+    return section(
+        model_config=section(max_model_len=settings["max_model_len"]),
+        cache_config=section(
+            block_size=16,
+            cache_dtype="auto",
+            kv_offloading_size=size,
+            kv_offloading_backend=backend,
+        ),
+        parallel_config=section(
+            tensor_parallel_size=settings["tensor_parallel_size"], pipeline_parallel_size=1
+        ),
+        device_config=section(device_type=record["platform"]),
+        kv_transfer_config=section(
+            kv_connector="OffloadingConnector" if backend == "native" else "LMCacheMPConnector",
+            kv_connector_extra_config=extra,
+        ),
+    )
