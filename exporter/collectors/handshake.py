@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import msgspec
 import structlog
@@ -39,7 +39,7 @@ from exporter.collectors.handshake_ipc import (
     remove_ipc_file,
     set_ipc_file_mode,
 )
-from exporter.collectors.handshake_offload import BAD_OFFLOAD_SETTINGS, handshake_offload
+from exporter.collectors.handshake_offload import with_offload
 from exporter.collectors.kv_events_endpoints import endpoints_from_sources
 from exporter.collectors.registry import CollectorSpec, register_collector
 from exporter.errors import ConfigError, UsageError
@@ -152,27 +152,6 @@ def engine_report(ready: ReadyResponse, extras: ReceivedExtras | None) -> Engine
             bytes_per_block_per_worker=tuple(extras.bytes_per_block_per_worker) if extras else (),
         ),
     )
-
-
-def with_offload(
-    report: EngineReport, extras: ReceivedExtras | None
-) -> tuple[EngineReport, tuple[str, str] | None]:
-    """The report with the offload tier the plugin's settings give the engine, cut from
-    vLLM's own plan in the report; a bad setting leaves it without one, and is returned as
-    (reason, message) for the counters."""
-    if extras is None or report.reported is None:
-        return report, None
-    try:
-        tiers = handshake_offload(
-            report.reported,
-            extras.settings,
-            world_size=report.world_size,
-            platform=report.platform,
-            version=report.vllm_version,
-        )
-    except UsageError as error:
-        return report, (BAD_OFFLOAD_SETTINGS, str(error)[:200])
-    return replace(report, offload=tiers), None
 
 
 def _group(extra: GroupExtra) -> GroupCapacity:

@@ -10,6 +10,7 @@ from the ready message) by the same `cut_tier` the vllm_http collector uses.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Final
 
 from exporter.capacity import EngineCapacity
@@ -22,8 +23,8 @@ from exporter.capacity.offload_settings import (
 )
 from exporter.collectors.offload_derivation import cut_tier
 from exporter.errors import KvcapError, UsageError
-from exporter.handshake_wire import MAX_PARALLEL, MAX_TEXT_CHARS, ExtrasSettings
-from exporter.state import OffloadTier
+from exporter.handshake_wire import MAX_PARALLEL, MAX_TEXT_CHARS, ExtrasSettings, ReceivedExtras
+from exporter.state import EngineReport, OffloadTier
 
 # kvcap_collector_errors_total{collector="handshake", reason=...} of a bad offload setting.
 BAD_OFFLOAD_SETTINGS: Final = "bad_offload_settings"
@@ -65,6 +66,27 @@ def plugin_offload_settings(values: ExtrasSettings) -> OffloadSettings | None:
         backend=backend,
         transfer_config={"kv_connector": connector, "kv_connector_extra_config": extra},
     )
+
+
+def with_offload(
+    report: EngineReport, extras: ReceivedExtras | None
+) -> tuple[EngineReport, tuple[str, str] | None]:
+    """The report with the offload tier the plugin's settings give the engine, cut from
+    vLLM's own plan in the report; a bad setting leaves it without one, and is returned as
+    (reason, message) for the counters."""
+    if extras is None or report.reported is None:
+        return report, None
+    try:
+        tiers = handshake_offload(
+            report.reported,
+            extras.settings,
+            world_size=report.world_size,
+            platform=report.platform,
+            version=report.vllm_version,
+        )
+    except UsageError as error:
+        return report, (BAD_OFFLOAD_SETTINGS, str(error)[:200])
+    return replace(report, offload=tiers), None
 
 
 def handshake_offload(
