@@ -113,11 +113,11 @@ def _in_process_tests_see_no_vllm_process(
         monkeypatch.setattr(vllm_http, name, _defaulting_to(empty, getattr(vllm_http, name)))
 
 
-def _defaulting_to(empty: Path, discover: Callable[[Path, int | None], Any]) -> Any:
+def _defaulting_to(empty: Path, discover: Callable[..., Any]) -> Any:
     """`discover` with `empty` as its /proc unless the caller names one (a test's own)."""
 
-    def looking(proc: Path = empty, port: int | None = None) -> Any:
-        return discover(proc, port)
+    def looking(proc: Path = empty, *args: Any, **kwargs: Any) -> Any:
+        return discover(proc, *args, **kwargs)
 
     return looking
 

