@@ -41,8 +41,13 @@ from exporter.collectors.handshake_ipc import (
 )
 from exporter.collectors.handshake_offload import with_offload
 from exporter.collectors.kv_events_endpoints import endpoints_from_sources
-from exporter.collectors.registry import CollectorSpec, register_collector
-from exporter.errors import ConfigError, UsageError
+from exporter.collectors.registry import (
+    CollectorSpec,
+    check_engine_windows,
+    check_max_engines,
+    register_collector,
+)
+from exporter.errors import ConfigError
 from exporter.flags import FlagGroup, duration, positive_int, positive_number, size
 from exporter.handshake_wire import (
     BYE_TOPIC,
@@ -56,6 +61,7 @@ from exporter.handshake_wire import (
     decode_heartbeat,
     decode_ready,
 )
+from exporter.merging import converted
 from exporter.state import EngineReport, StateSink
 
 log = structlog.get_logger("kvcap.handshake")
@@ -199,18 +205,8 @@ class HandshakeReceiver:
         self.sink = sink
         self.settings = settings
         self.clock = clock
-        self.admission = Admission(
-            AdmissionLimits(
-                max_engines=settings.max_engines,
-                max_messages_per_s=settings.max_messages_per_s,
-                max_messages_per_engine_per_s=settings.max_messages_per_engine_per_s,
-                max_groups_per_engine=settings.max_groups_per_engine,
-                max_workers_per_engine=settings.max_workers_per_engine,
-                max_series_rows=settings.max_series_rows,
-                stale_after_s=settings.stale_after_s,
-            ),
-            clock,
-        )
+        # The admission limits are settings of the same names.
+        self.admission = Admission(converted(settings, AdmissionLimits), clock)
 
     def handle(self, frames: list[bytes]) -> None:
         reason, message = self._apply(frames)
@@ -536,13 +532,8 @@ def _add_budget_arguments(group: FlagGroup) -> None:
 
 def _build(args: argparse.Namespace) -> HandshakeCollector:
     stale_after, forget_after = args.handshake_stale_after, args.handshake_forget_after
-    if not 1 <= args.handshake_max_engines <= 65536:
-        raise UsageError("--handshake.max-engines must be between 1 and 65536")
-    if not forget_after > 0 or (stale_after is not None and not 0 < stale_after < forget_after):
-        raise UsageError(
-            "--handshake.stale-after and --handshake.forget-after must be positive, "
-            "the stale window shorter than the forget window"
-        )
+    check_max_engines("handshake", args.handshake_max_engines)
+    check_engine_windows("handshake", stale_after, forget_after)
     return HandshakeCollector(
         HandshakeSettings(
             endpoint=args.handshake_listen,

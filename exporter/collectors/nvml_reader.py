@@ -16,6 +16,7 @@ from typing import Any
 
 import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
+from exporter.merging import alike_fields
 from exporter.state import GpuProcessMemory, GpuReport
 
 NVMLError: type[Exception] = pynvml.NVMLError
@@ -106,9 +107,21 @@ class GpuReading:
 
 @dataclass(frozen=True, slots=True)
 class _Identity:
+    """What names a GPU; the fields are GpuReport's of the same names."""
+
     uuid: str
     name: str
     pci_bus_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Memory:
+    """A GPU's memory reading; the fields are GpuReport's of the same names."""
+
+    memory_total_bytes: int
+    memory_used_bytes: int
+    memory_free_bytes: int
+    memory_reserved_bytes: int | None = None  # the v2 memory struct only
 
 
 class _NotVisible(Exception):
@@ -249,25 +262,19 @@ class NvmlSession:
     def _report(
         self, handle: Any, label: str, identity: _Identity, position: int, *, mig: bool
     ) -> GpuReport:
-        total, used, free, reserved = self._memory(handle)
         return GpuReport(
             index=label,
-            uuid=identity.uuid,
-            name=identity.name,
-            pci_bus_id=identity.pci_bus_id,
+            **alike_fields(identity, GpuReport),
             driver_version=self.driver_version,
-            memory_total_bytes=total,
-            memory_used_bytes=used,
-            memory_free_bytes=free,
-            memory_reserved_bytes=reserved,
+            **alike_fields(self._memory(handle), GpuReport),
             mig_mode=mig,
             processes=self._process_memory(handle),
             visible_index=position,
         )
 
-    def _memory(self, handle: Any) -> tuple[int, int, int, int | None]:
-        """total, used, free, reserved: the v2 struct (driver 510+) splits the reserved
-        memory out of `used`; v1 has no reserved field."""
+    def _memory(self, handle: Any) -> _Memory:
+        """The v2 struct (driver 510+) splits the reserved memory out of `used`; v1 has no
+        reserved field."""
         if self._memory_v2:
             try:
                 m = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
@@ -277,9 +284,9 @@ class NvmlSession:
                 elif error_code(error) not in _UNAVAILABLE:
                     raise
             else:
-                return int(m.total), int(m.used), int(m.free), int(m.reserved)
+                return _Memory(int(m.total), int(m.used), int(m.free), int(m.reserved))
         m = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        return int(m.total), int(m.used), int(m.free), None
+        return _Memory(int(m.total), int(m.used), int(m.free))
 
     def _process_memory(self, handle: Any) -> tuple[GpuProcessMemory, ...]:
         try:

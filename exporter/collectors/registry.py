@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from exporter.errors import UsageError
 from exporter.flags import FlagGroup
 from exporter.state import Snapshot, StateSink, StateStore
 
@@ -63,6 +64,9 @@ class CollectorSpec:
 
 COLLECTORS: dict[str, CollectorSpec] = {}
 
+# The most engines one target may hold (a --<collector>.max-engines flag's range).
+MAX_ENGINES_LIMIT = 65536
+
 
 def register_collector(spec: CollectorSpec) -> CollectorSpec:
     if spec.name in COLLECTORS:
@@ -74,3 +78,23 @@ def register_collector(spec: CollectorSpec) -> CollectorSpec:
 def collector_priority() -> dict[str, int]:
     """Each registered collector's rank for merging engines (the state's `priority`)."""
     return {spec.name: spec.priority for spec in COLLECTORS.values()}
+
+
+def check_engine_windows(
+    flag_prefix: str, stale_after_s: float | None, forget_after_s: float
+) -> None:
+    """The window check every engine collector's flags share: a positive forget window and
+    a stale window (None: the collector's own default) inside it."""
+    if not forget_after_s > 0 or (
+        stale_after_s is not None and not 0 < stale_after_s < forget_after_s
+    ):
+        raise UsageError(
+            f"--{flag_prefix}.stale-after and --{flag_prefix}.forget-after must be positive, "
+            "the stale window shorter than the forget window"
+        )
+
+
+def check_max_engines(flag_prefix: str, max_engines: int | None) -> None:
+    """An engine collector's --<prefix>.max-engines in range (None: its own default)."""
+    if max_engines is not None and not 1 <= max_engines <= MAX_ENGINES_LIMIT:
+        raise UsageError(f"--{flag_prefix}.max-engines must be between 1 and {MAX_ENGINES_LIMIT}")

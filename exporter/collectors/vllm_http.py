@@ -20,7 +20,12 @@ from exporter.capacity import PLATFORMS
 from exporter.collectors.http_fetch import Fetcher, FetchError, fetch
 from exporter.collectors.kv_events_endpoints import endpoints_from_sources
 from exporter.collectors.parsing import MalformedExposition, VllmServeArgs, parse_vllm_serve_args
-from exporter.collectors.registry import CollectorSpec, register_collector
+from exporter.collectors.registry import (
+    CollectorSpec,
+    check_engine_windows,
+    check_max_engines,
+    register_collector,
+)
 from exporter.collectors.vllm_http_reports import (
     AUTO_PLATFORM,
     Deriver,
@@ -36,7 +41,7 @@ from exporter.collectors.vllm_processes import (
     discover_hf_environ,
     discover_serve_args,
 )
-from exporter.errors import ConfigError, UsageError
+from exporter.errors import ConfigError
 from exporter.flags import FlagGroup, duration, positive_int, size
 from exporter.hf_cache import find_snapshot, looks_like_repo_id
 from exporter.json_documents import NotJson, read_json
@@ -476,13 +481,8 @@ def _build(args: argparse.Namespace) -> VllmHttpCollector | None:
     )
     interval = args.vllm_poll_interval
     stale_after = args.vllm_stale_after if args.vllm_stale_after is not None else 3 * interval
-    if not 0 < stale_after < args.vllm_forget_after:
-        raise UsageError(
-            "--vllm.stale-after and --vllm.forget-after must be positive, "
-            "the stale window shorter than the forget window"
-        )
-    if args.vllm_max_engines is not None and not 1 <= args.vllm_max_engines <= 65536:
-        raise UsageError("--vllm.max-engines must be between 1 and 65536")
+    check_engine_windows("vllm", stale_after, args.vllm_forget_after)
+    check_max_engines("vllm", args.vllm_max_engines)
     return VllmHttpCollector(
         VllmHttpSettings(
             urls=tuple(args.vllm_url),

@@ -49,6 +49,11 @@ class Column(Generic[Row]):
     observations: Callable[[Row], tuple[Sequence[int], float]] | None = None
 
 
+def live_gauge(name: str, help_text: str, value: Callable[[Row], float | None]) -> Column[Row]:
+    """A gauge read afresh on every change of the state (usage, timestamps, staleness)."""
+    return Column(name, help_text, value, live=True)
+
+
 @dataclass(frozen=True, slots=True)
 class Table(Generic[Row]):
     """The families of one entity: the entity's labels, its rows, one column per family."""

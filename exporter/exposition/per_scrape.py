@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from exporter.exposition.columns import Column, ScrapeTable, Table
+from exporter.exposition.columns import Column, ScrapeTable, Table, live_gauge
 from exporter.exposition.process import PROCESS, ProcessReader
 from exporter.exposition.render import ExpositionCache
 from exporter.state import Snapshot
@@ -34,11 +34,10 @@ CONNECTIONS: Table[int] = Table(
     (),
     lambda _: (),
     (
-        Column(
+        live_gauge(
             "kvcap_web_connections",
             "Open HTTP connections (at most --web.max-requests).",
             lambda count: count,
-            live=True,
         ),
     ),
 )

@@ -8,7 +8,7 @@ import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from exporter.exposition.columns import Column, Table
+from exporter.exposition.columns import Column, Table, live_gauge
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,23 +65,20 @@ PROCESS: Table[ProcessReading] = Table(
     (),
     lambda _: (),
     (
-        Column(
+        live_gauge(
             "process_virtual_memory_bytes",
             "Virtual memory size in bytes.",
             lambda r: r.virtual_memory_bytes,
-            live=True,
         ),
-        Column(
+        live_gauge(
             "process_resident_memory_bytes",
             "Resident memory size in bytes.",
             lambda r: r.resident_memory_bytes,
-            live=True,
         ),
-        Column(
+        live_gauge(
             "process_start_time_seconds",
             "Start time of the process since unix epoch in seconds.",
             lambda r: r.start_time_seconds,
-            live=True,
         ),
         Column(
             "process_cpu_seconds",
@@ -90,17 +87,15 @@ PROCESS: Table[ProcessReading] = Table(
             kind="counter",
             live=True,
         ),
-        Column(
+        live_gauge(
             "process_open_fds",
             "Number of open file descriptors.",
             lambda r: r.open_fds,
-            live=True,
         ),
-        Column(
+        live_gauge(
             "process_max_fds",
             "Maximum number of open file descriptors.",
             lambda r: r.max_fds,
-            live=True,
         ),
     ),
 )

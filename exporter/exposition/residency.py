@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from exporter.exposition.columns import Column, Table
+from exporter.exposition.columns import Column, Table, live_gauge
 from exporter.prefix_cache import LIFETIME_BUCKETS_S
 from exporter.state import PoolView, ResidencyView
 
@@ -39,24 +39,21 @@ POOL: Table[PoolRow] = Table(
     ("engine", "group", "medium"),
     lambda r: (r[0].engine, str(r[1].group), r[1].medium),
     (
-        Column(
+        live_gauge(
             "kvcap_prefix_cache_resident_blocks",
             "Blocks of this KV cache group and medium the engine's prefix cache holds now "
             "(stored and not yet removed, from vLLM's KV events).",
             lambda r: r[1].resident_blocks,
-            live=True,
         ),
-        Column(
+        live_gauge(
             "kvcap_prefix_cache_resident_tokens",
             "Tokens in the resident blocks: resident blocks x the group's block size.",
             _tokens,
-            live=True,
         ),
-        Column(
+        live_gauge(
             "kvcap_prefix_cache_resident_ratio",
             "Resident blocks / blocks in the engine's pool (num_gpu_blocks).",
             _ratio,
-            live=True,
         ),
         counter(
             "kvcap_prefix_cache_stored_blocks",
@@ -85,18 +82,16 @@ ENGINE: Table[ResidencyView] = Table(
     ("engine",),
     lambda view: (view.engine,),
     (
-        Column(
+        live_gauge(
             "kvcap_kv_events_up",
             "1 while kvcap is connected to the engine's KV event publisher.",
             lambda view: 1 if view.up else 0,
-            live=True,
         ),
-        Column(
+        live_gauge(
             "kvcap_prefix_cache_approximate",
             "1 when the residency may be incomplete (events were lost or kvcap joined the "
             "stream late) until an AllBlocksCleared or an engine restart; 0 when exact.",
             lambda view: 1 if view.approximate else 0,
-            live=True,
         ),
         counter(
             "kvcap_prefix_cache_cleared",

@@ -15,7 +15,7 @@ from typing import Any
 
 from exporter import __version__
 from exporter.capacity import GroupCapacity
-from exporter.exposition.columns import Column, Table, label
+from exporter.exposition.columns import Column, Table, label, live_gauge
 from exporter.exposition.residency import RESIDENCY_TABLES
 from exporter.state import (
     CollectorStatus,
@@ -192,11 +192,10 @@ ENGINE: Table[EngineRow] = Table(
             "The engine's max_model_len.",
             lambda r: r.view.capacity.max_model_len,
         ),
-        Column(
+        live_gauge(
             "kvcap_kv_cache_used_tokens",
             "Tokens in use now: vllm:kv_cache_usage_perc x capacity tokens.",
             lambda r: r.view.used_tokens,
-            live=True,
         ),
         Column(
             "kvcap_kv_cache_derived_capacity_tokens",
@@ -220,25 +219,22 @@ ENGINE: Table[EngineRow] = Table(
             "1 when the capacity vLLM reports differs from the derived one, 0 when they agree.",
             lambda r: _flag(r.view.capacity_mismatch),
         ),
-        Column(
+        live_gauge(
             "kvcap_engine_stale",
             "1 when no collector has fresh data of this engine: reads failed or heartbeats "
             "stopped (last good data shown).",
             lambda r: 1 if r.view.stale else 0,
-            live=True,
         ),
-        Column(
+        live_gauge(
             "kvcap_engine_last_update_timestamp_seconds",
             "When a collector last read this engine successfully (Unix time).",
             lambda r: r.view.updated_at_s,
-            live=True,
         ),
-        Column(
+        live_gauge(
             "kvcap_kv_cache_headroom_tokens",
             "Tokens the engine would gain if the free memory of its most constrained GPU "
             "became KV cache.",
             lambda r: r.headroom_tokens,
-            live=True,
         ),
     ),
 )
@@ -318,29 +314,25 @@ GPU: Table[GpuReport] = Table(
             extra_labels=("name", "pci_bus_id", "driver_version", "mig_mode"),
             extra=lambda g: (g.name, g.pci_bus_id, g.driver_version, label(g.mig_mode)),
         ),
-        Column(
+        live_gauge(
             "kvcap_gpu_memory_total_bytes",
             "Memory of the GPU.",
             lambda g: g.memory_total_bytes,
-            live=True,
         ),
-        Column(
+        live_gauge(
             "kvcap_gpu_memory_used_bytes",
             "Memory in use on the GPU.",
             lambda g: g.memory_used_bytes,
-            live=True,
         ),
-        Column(
+        live_gauge(
             "kvcap_gpu_memory_free_bytes",
             "Free memory on the GPU.",
             lambda g: g.memory_free_bytes,
-            live=True,
         ),
-        Column(
+        live_gauge(
             "kvcap_gpu_memory_reserved_bytes",
             "Memory the driver reserves on the GPU (NVML v2 memory struct).",
             lambda g: g.memory_reserved_bytes,
-            live=True,
         ),
     ),
 )
@@ -349,11 +341,10 @@ GPU_PROCESS: Table[tuple[GpuReport, GpuProcessMemory]] = Table(
     ("gpu", "uuid", "pid"),
     lambda r: (r[0].index, r[0].uuid, str(r[1].pid)),
     (
-        Column(
+        live_gauge(
             "kvcap_gpu_process_memory_bytes",
             "GPU memory used by a process the sidecar can see.",
             lambda r: r[1].used_bytes,
-            live=True,
         ),
     ),
 )
@@ -372,23 +363,20 @@ COLLECTOR_TARGET: Table[CollectorStatus] = Table(
     ("collector", "target"),
     lambda s: (s.collector, s.target),
     (
-        Column(
+        live_gauge(
             "kvcap_collector_up",
             "1 when the collector's last read of the target succeeded.",
             lambda s: 1 if s.up else 0,
-            live=True,
         ),
-        Column(
+        live_gauge(
             "kvcap_collector_last_success_timestamp_seconds",
             "When the collector last read the target successfully (Unix time).",
             lambda s: s.last_success_s,
-            live=True,
         ),
-        Column(
+        live_gauge(
             "kvcap_collector_read_duration_seconds",
             "How long the collector's last read of the target took.",
             lambda s: s.last_duration_s,
-            live=True,
         ),
     ),
 )
@@ -397,11 +385,10 @@ COLLECTOR: Table[tuple[str, bool]] = Table(
     ("collector",),
     lambda c: (c[0],),
     (
-        Column(
+        live_gauge(
             "kvcap_collector_all_targets_up",
             "1 when every target of the collector succeeded on its last read.",
             lambda c: 1 if c[1] else 0,
-            live=True,
         ),
     ),
 )

@@ -10,8 +10,9 @@ is the sum over the engines one API server manages, while `kv_cache_size_tokens`
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, get_type_hints
 
 from exporter.collectors.parsing.exposition import MalformedExposition, Sample
 
@@ -53,23 +54,8 @@ def parse_cache_config_info(samples: Iterable[Sample]) -> list[CacheConfigInfo]:
 
 
 def _record(engine: str, labels: InfoLabels) -> CacheConfigInfo:
-    return CacheConfigInfo(
-        engine=engine,
-        labels=dict(labels.raw),
-        num_gpu_blocks=labels.integer("num_gpu_blocks"),
-        block_size=labels.integer("block_size"),
-        kv_cache_size_tokens=labels.integer("kv_cache_size_tokens"),
-        kv_cache_max_concurrency=labels.real("kv_cache_max_concurrency"),
-        gpu_memory_utilization=labels.real("gpu_memory_utilization"),
-        cache_dtype=labels.text("cache_dtype"),
-        enable_prefix_caching=labels.boolean("enable_prefix_caching"),
-        num_gpu_blocks_override=labels.integer("num_gpu_blocks_override"),
-        sliding_window=labels.integer("sliding_window"),
-        mamba_block_size=labels.integer("mamba_block_size"),
-        effective_attention_block_size=labels.integer("effective_attention_block_size"),
-        kv_cache_memory_bytes=labels.integer("kv_cache_memory_bytes"),
-        user_specified_block_size=labels.boolean("user_specified_block_size"),
-    )
+    read = {name: reader(labels, name) for name, reader in _LABEL_READERS}
+    return CacheConfigInfo(engine=engine, labels=dict(labels.raw), **read)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,3 +115,18 @@ class InfoLabels:
         return MalformedExposition(
             f"{self.family} engine {self.engine!r}: label {key}={value!r} is not {expected}"
         )
+
+
+# Each label field of the record is read by its name, as its declared type says: a label
+# added to CacheConfigInfo is read without a second list to keep in step.
+_READER_OF_TYPE: dict[object, Callable[[InfoLabels, str], Any]] = {
+    int | None: InfoLabels.integer,
+    float | None: InfoLabels.real,
+    str | None: InfoLabels.text,
+    bool | None: InfoLabels.boolean,
+}
+_LABEL_READERS = tuple(
+    (name, _READER_OF_TYPE[kind])
+    for name, kind in get_type_hints(CacheConfigInfo).items()
+    if name not in ("engine", "labels")
+)
