@@ -12,7 +12,6 @@ import shutil
 import stat
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from exporter.handshake_wire import (
     ready_v2_message,
 )
 from exporter.state import StateStore
+from tests import support
 from tests.collectors import test_handshake
 from tests.collectors.test_handshake import private_endpoint
 from tests.support import cli_command
@@ -83,12 +83,12 @@ class Listener(test_handshake.Listener):
         return self.store.snapshot().errors.get(("handshake", reason), 0)
 
     def until(self, condition: Any, timeout_s: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if condition():
-                return
-            time.sleep(0.005)
-        raise AssertionError(f"not reached: {self.store.snapshot().errors}, {self.engines()}")
+        support.wait_for(
+            condition,
+            timeout_s,
+            "the condition",
+            lambda: f"errors {self.store.snapshot().errors}, engines {self.engines()}",
+        )
 
 
 @pytest.fixture

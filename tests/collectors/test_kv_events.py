@@ -6,7 +6,6 @@ tests/live); the batches are the ones a live vLLM 0.32.0 sent (tests/fixtures/kv
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -16,6 +15,7 @@ from exporter.collectors import KvEventsCollector, KvEventsSettings, follow_engi
 from exporter.kv_events_wire import decode_batch
 from exporter.prefix_cache import EngineResidency
 from exporter.state import EngineReport, KvEventsEndpoint, ResidencyView, StateStore
+from tests import support
 from tests.kv_events_data import EVICTIONS, SHARED_PREFIX, frames
 from tests.kv_events_publisher import StandInPublisher
 
@@ -23,11 +23,8 @@ STREAM = [payload for name in (SHARED_PREFIX, EVICTIONS) for _, _, payload in fr
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    """The suite's wait_for, with the patience these streams need."""
+    support.wait_for(condition, timeout_s, what, interval_s=0.02)
 
 
 @pytest.fixture
