@@ -35,11 +35,12 @@ def publisher() -> Iterator[StandInPublisher]:
 
 
 def running(
-    endpoint: KvEventsEndpoint, store: StateStore | None = None, **settings: object
+    *endpoints: KvEventsEndpoint, **settings: object
 ) -> tuple[KvEventsCollector, StateStore]:
-    store = store or StateStore()
+    """A collector of `endpoints` (discovery every 0.05 s), started on a store of its own."""
+    store = StateStore()
     collector = KvEventsCollector(
-        KvEventsSettings(endpoints=(endpoint,), discovery_interval_s=0.05, **settings)  # type: ignore[arg-type]
+        KvEventsSettings(endpoints=endpoints, discovery_interval_s=0.05, **settings)  # type: ignore[arg-type]
     )
     started(collector, store)
     return collector, store
@@ -249,17 +250,9 @@ def test_an_engine_publishing_on_a_new_endpoint_starts_from_zero(
     publisher: StandInPublisher,
 ) -> None:
     moved = StandInPublisher(replay=False)
-    collector = KvEventsCollector(
-        KvEventsSettings(
-            endpoints=(
-                KvEventsEndpoint(publisher.endpoint, None, "0"),
-                KvEventsEndpoint(moved.endpoint, None, "0"),
-            ),
-            discovery_interval_s=0.05,
-        )
+    collector, store = running(
+        KvEventsEndpoint(publisher.endpoint, None, "0"), KvEventsEndpoint(moved.endpoint, None, "0")
     )
-    store = StateStore()
-    started(collector, store)
     try:
         publisher.wait_for_subscriber()
         moved.wait_for_subscriber()
