@@ -7,6 +7,7 @@ tests/live); the batches are the ones a live vLLM 0.32.0 sent (tests/fixtures/kv
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -44,6 +45,23 @@ def running(
     )
     started(collector, store)
     return collector, store
+
+
+@contextmanager
+def subscribed(
+    publisher: StandInPublisher, *, replay: bool = False, **settings: object
+) -> Iterator[StateStore]:
+    """The store of a collector subscribed to `publisher` as engine 0 (to its replay endpoint
+    too when `replay`); the collector is stopped afterwards."""
+    endpoint = KvEventsEndpoint(
+        publisher.endpoint, publisher.replay_endpoint if replay else None, "0"
+    )
+    collector, store = running(endpoint, **settings)
+    try:
+        publisher.wait_for_subscriber()
+        yield store
+    finally:
+        collector.stop(2)
 
 
 def started(collector: KvEventsCollector, store: StateStore) -> None:
@@ -84,9 +102,7 @@ def totals(found: ResidencyView) -> tuple[int, int, int]:
 
 
 def test_an_in_order_stream_is_applied_exactly(publisher: StandInPublisher) -> None:
-    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
-    try:
-        publisher.wait_for_subscriber()
+    with subscribed(publisher) as store:
         for sequence, payload in enumerate(STREAM):
             publisher.publish(sequence, payload)
         wait_for(received(store, events_in(STREAM)), "every event")
@@ -97,14 +113,10 @@ def test_an_in_order_stream_is_applied_exactly(publisher: StandInPublisher) -> N
         assert found.up
         status = next(s for s in store.snapshot().collectors if s.collector == "kv_events")
         assert status.up
-    finally:
-        collector.stop(2)
 
 
 def test_a_gap_is_filled_from_the_replay_endpoint(publisher: StandInPublisher) -> None:
-    collector, store = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
-    try:
-        publisher.wait_for_subscriber()
+    with subscribed(publisher, replay=True) as store:
         for sequence, payload in enumerate(STREAM):
             publisher.publish(sequence, payload, send=sequence not in (20, 21, 22))
         wait_for(received(store, events_in(STREAM)), "every event, replayed ones too")
@@ -115,16 +127,12 @@ def test_a_gap_is_filled_from_the_replay_endpoint(publisher: StandInPublisher) -
         assert totals(found) == reference(STREAM)
         assert not found.approximate
         assert "missed" not in found.dropped_total
-    finally:
-        collector.stop(2)
 
 
 def test_a_gap_without_replay_is_counted_and_marked_approximate(
     publisher: StandInPublisher,
 ) -> None:
-    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
-    try:
-        publisher.wait_for_subscriber()
+    with subscribed(publisher) as store:
         sent = [p for s, p in enumerate(STREAM) if s not in (20, 21, 22)]
         for sequence, payload in enumerate(STREAM):
             publisher.publish(sequence, payload, send=sequence not in (20, 21, 22))
@@ -135,8 +143,6 @@ def test_a_gap_without_replay_is_counted_and_marked_approximate(
         assert found.dropped_total["missed"] == 3
         assert found.approximate
         assert found.approximate_reason == "batches were lost (sequence gap)"
-    finally:
-        collector.stop(2)
 
 
 def test_a_sidecar_joining_mid_stream_replays_from_the_start(
@@ -144,9 +150,7 @@ def test_a_sidecar_joining_mid_stream_replays_from_the_start(
 ) -> None:
     for sequence, payload in enumerate(STREAM[:12]):
         publisher.publish(sequence, payload, send=False)  # sent before kvcap started
-    collector, store = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
-    try:
-        publisher.wait_for_subscriber()
+    with subscribed(publisher, replay=True) as store:
         for sequence, payload in enumerate(STREAM[12:], start=12):
             publisher.publish(sequence, payload)
         wait_for(received(store, events_in(STREAM)), "every event")
@@ -155,14 +159,10 @@ def test_a_sidecar_joining_mid_stream_replays_from_the_start(
         assert publisher.replays == [0]
         assert totals(found) == reference(STREAM)
         assert not found.approximate
-    finally:
-        collector.stop(2)
 
 
 def test_joining_mid_stream_without_replay_is_approximate(publisher: StandInPublisher) -> None:
-    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
-    try:
-        publisher.wait_for_subscriber()
+    with subscribed(publisher) as store:
         for sequence, payload in enumerate(STREAM[12:], start=12):
             publisher.publish(sequence, payload)
         wait_for(received(store, events_in(STREAM[12:])), "the events sent")
@@ -170,14 +170,10 @@ def test_joining_mid_stream_without_replay_is_approximate(publisher: StandInPubl
         assert found is not None
         assert found.approximate_reason == "joined the stream after its start"
         assert found.dropped_total["missed"] == 12
-    finally:
-        collector.stop(2)
 
 
 def test_a_new_publisher_starts_the_residency_from_zero(publisher: StandInPublisher) -> None:
-    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
-    try:
-        publisher.wait_for_subscriber()
+    with subscribed(publisher) as store:
         for sequence, payload in enumerate(STREAM[:12]):
             publisher.publish(sequence, payload)
         wait_for(received(store, events_in(STREAM[:12])), "the first run's events")
@@ -188,16 +184,12 @@ def test_a_new_publisher_starts_the_residency_from_zero(publisher: StandInPublis
         assert found.cleared_total == 1
         assert totals(found)[0] == reference(STREAM[:1])[0] == 4
         assert not found.approximate
-    finally:
-        collector.stop(2)
 
 
 def test_malformed_messages_are_counted_and_the_stream_goes_on(
     publisher: StandInPublisher,
 ) -> None:
-    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
-    try:
-        publisher.wait_for_subscriber()
+    with subscribed(publisher) as store:
         publisher.publish(0, STREAM[0])
         publisher.pub.send_multipart([b"", b"\x00" * 8, b"\xc1 not msgpack"])
         publisher.pub.send_multipart([b"one frame"])
@@ -209,8 +201,6 @@ def test_malformed_messages_are_counted_and_the_stream_goes_on(
         assert found.approximate
         errors = store.snapshot().errors
         assert errors[("kv_events", "malformed_batch")] == 2
-    finally:
-        collector.stop(2)
 
 
 def test_endpoints_pool_size_and_restarts_come_from_the_engine_state(
@@ -273,11 +263,7 @@ def test_an_engine_publishing_on_a_new_endpoint_starts_from_zero(
 def test_a_batch_past_the_message_size_is_refused_and_the_publisher_reported_down(
     publisher: StandInPublisher,
 ) -> None:
-    collector, store = running(
-        KvEventsEndpoint(publisher.endpoint, None, "0"), max_message_bytes=64 * 1024
-    )
-    try:
-        publisher.wait_for_subscriber()
+    with subscribed(publisher, max_message_bytes=64 * 1024) as store:
         publisher.publish(0, STREAM[0])
         wait_for(received(store, events_in(STREAM[:1])), "the first batch")
         # 1 MiB against 64 KiB: libzmq drops the connection at its header (for good: a
@@ -288,5 +274,3 @@ def test_a_batch_past_the_message_size_is_refused_and_the_publisher_reported_dow
         found = view(store)
         assert found is not None
         assert totals(found) == reference(STREAM[:1])
-    finally:
-        collector.stop(2)
