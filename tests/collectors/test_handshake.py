@@ -7,7 +7,7 @@ import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 import zmq
@@ -51,7 +51,7 @@ class Listener:
         self.context = zmq.Context()
         self.push = self.context.socket(zmq.PUSH)
 
-    def __enter__(self) -> Listener:
+    def __enter__(self) -> Self:
         self.source.start(self.store)
         self.push.connect(self.endpoint)
         return self
