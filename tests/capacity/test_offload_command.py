@@ -4,6 +4,7 @@ and JSON, and every bad offload input refused in one line naming the flag (exit 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,13 @@ GPT_OSS_MODEL = str(GPT_OSS / "gpt-oss-20b-mxfp4")
 BASE = ["capacity", "--", "vllm", "serve", GPT_OSS_MODEL, "--kv-cache-memory-bytes", "40GiB"]
 
 
-def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = cli.main([*BASE, *args])
+def _run(
+    capsys: pytest.CaptureFixture[str], *args: str, variables: Sequence[str] = ()
+) -> tuple[int, str, str]:
+    """`kvcap-exporter capacity -- VARIABLES vllm serve ...`: the variables stand before the
+    launcher, as on a shell line."""
+    launcher = BASE.index("vllm")
+    code = cli.main([*BASE[:launcher], *variables, *BASE[launcher:], *args])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -68,23 +74,14 @@ def test_the_native_connector_by_transfer_config(capsys: pytest.CaptureFixture[s
 
 
 def test_lmcache_tier_from_its_variables(capsys: pytest.CaptureFixture[str]) -> None:
-    code = cli.main(
-        [
-            "capacity",
-            "--json",
-            "--",
-            "LMCACHE_MAX_LOCAL_CPU_SIZE=40",
-            "LMCACHE_CHUNK_SIZE=512",
-            "vllm",
-            "serve",
-            GPT_OSS_MODEL,
-            "--kv-cache-memory-bytes",
-            "40GiB",
-            "--kv-transfer-config",
-            '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}',
-        ]
+    code, out, _ = _run(
+        capsys,
+        "--json",
+        "--kv-transfer-config",
+        '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}',
+        variables=["LMCACHE_MAX_LOCAL_CPU_SIZE=40", "LMCACHE_CHUNK_SIZE=512"],
     )
-    tier = json.loads(capsys.readouterr().out)["result"]["offload"]
+    tier = json.loads(out)["result"]["offload"]
     assert code == 0
     assert tier["backend"] == "lmcache"
     assert tier["max_local_cpu_size_gb_per_worker"] == 40.0
@@ -144,19 +141,12 @@ def test_a_tier_larger_than_the_host_is_refused(capsys: pytest.CaptureFixture[st
 
 
 def test_bad_lmcache_variable_names_it(capsys: pytest.CaptureFixture[str]) -> None:
-    code = cli.main(
-        [
-            "capacity",
-            "--",
-            "LMCACHE_MAX_LOCAL_CPU_SIZE=lots",
-            "vllm",
-            "serve",
-            GPT_OSS_MODEL,
-            "--kv-transfer-config",
-            '{"kv_connector":"LMCacheConnectorV1"}',
-        ]
+    code, _, err = _run(
+        capsys,
+        "--kv-transfer-config",
+        '{"kv_connector":"LMCacheConnectorV1"}',
+        variables=["LMCACHE_MAX_LOCAL_CPU_SIZE=lots"],
     )
-    err = capsys.readouterr().err
     assert code == 2
     assert "LMCACHE_MAX_LOCAL_CPU_SIZE" in err
 

@@ -7,9 +7,7 @@ tests/fixtures/golden/releases/README.md.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -18,6 +16,7 @@ import pytest
 
 from exporter.capacity import run_case
 from tests.conftest import GOLDEN
+from tests.support import load_script
 
 RELEASE_FILES = sorted((GOLDEN / "releases").glob("vllm-*.jsonl"))
 GRID_FILES = [path for path in RELEASE_FILES if path.stem.endswith("-grid")]
@@ -40,14 +39,7 @@ def test_every_release_file_has_records() -> None:
 
 
 def _grid_generator() -> ModuleType:
-    path = GRID_CASES.with_name("release_grid_cases.py")
-    spec = importlib.util.spec_from_file_location("release_grid_cases", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(GRID_CASES.with_name("release_grid_cases.py"))
 
 
 def test_the_grid_cases_are_every_record_of_the_golden_grid() -> None:

@@ -3,9 +3,7 @@ a release's source, and the check kvcap runs on the flags it does not model."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -21,6 +19,7 @@ from exporter.capacity.serve_flags import (
 )
 from exporter.collectors.parsing.vllm_args import _BOOLEANS, _FLAGS
 from exporter.errors import UsageError
+from tests.support import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 # A miniature of the shapes vLLM's serve parser declares its flags in, written for this
@@ -81,15 +80,7 @@ def make_arg_parser(parser):
 
 
 def generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "vllm_serve_flags", ROOT / "scripts/vllm_serve_flags.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "scripts/vllm_serve_flags.py")
 
 
 def test_the_table_covers_every_release_kvcap_plans_for() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from exporter.collectors import ServerPoller, VllmHttpSettings, fetch
+from exporter.state import StateStore
 from tests.support.http_server import http_serving
 
 
@@ -76,3 +79,13 @@ def serve(playback: Playback) -> Iterator[str]:
     handler = type("Handler", (_Handler,), {"playback": playback})
     with http_serving(handler) as url:
         yield url
+
+
+def polled_once(playback: Playback, **settings: Any) -> StateStore:
+    """The store after one poll of the vllm_http source against `playback` served on a port
+    of its own; `settings` are VllmHttpSettings' fields other than `urls`."""
+    store = StateStore()
+    with serve(playback) as url:
+        source = VllmHttpSettings(urls=(url,), **settings)
+        ServerPoller(url, source, fetch, store, threading.Event()).poll_once()
+    return store

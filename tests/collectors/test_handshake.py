@@ -7,7 +7,7 @@ import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 import zmq
@@ -36,17 +36,22 @@ def load(path: Path) -> dict[str, Any]:
     return data
 
 
-class Listener:
-    """A HandshakeCollector on a private ipc path, and a PUSH socket connected to it."""
+def private_endpoint(folder: Path) -> str:
+    """An ipc:// endpoint under a test's own folder (kvcap creates the kvcap/ below it)."""
+    return f"ipc://{folder}/kvcap/handshake.sock"
 
-    def __init__(self, tmp_path: Path, **settings: Any) -> None:
+
+class Listener:
+    """A HandshakeCollector on an endpoint, and a PUSH socket connected to it."""
+
+    def __init__(self, endpoint: str, **settings: Any) -> None:
         self.store = StateStore()
-        self.endpoint = f"ipc://{tmp_path}/kvcap/handshake.sock"
+        self.endpoint = endpoint
         self.source = HandshakeCollector(HandshakeSettings(endpoint=self.endpoint, **settings))
         self.context = zmq.Context()
         self.push = self.context.socket(zmq.PUSH)
 
-    def __enter__(self) -> Listener:
+    def __enter__(self) -> Self:
         self.source.start(self.store)
         self.push.connect(self.endpoint)
         return self
@@ -70,7 +75,7 @@ class Listener:
 
 @pytest.fixture
 def listener(tmp_path: Path) -> Iterator[Listener]:
-    with Listener(tmp_path) as started:
+    with Listener(private_endpoint(tmp_path)) as started:
         yield started
 
 
@@ -163,7 +168,7 @@ def test_bad_frames_are_counted_and_change_nothing(
 
 
 def test_message_floods_are_dropped_and_counted(tmp_path: Path) -> None:
-    with Listener(tmp_path, max_messages_per_s=10.0) as listener:
+    with Listener(private_endpoint(tmp_path), max_messages_per_s=10.0) as listener:
         for rank in range(50):
             listener.send(ready_message(ready_for_rank(rank)))
         listener.wait_for(

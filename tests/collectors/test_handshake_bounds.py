@@ -22,6 +22,7 @@ from exporter.collectors.handshake import (
 )
 from exporter.handshake_wire import GroupExtra, ReadyExtras, bye_message, ready_v2_message
 from exporter.state import StateStore
+from tests.collectors.test_handshake import private_endpoint
 from tests.collectors.test_handshake_hostile import TOKEN, Listener, ready_bytes
 from tests.state.test_store import Clock
 
@@ -36,7 +37,7 @@ def with_groups(groups: int, workers: int = 1) -> ReadyExtras:
 
 @pytest.fixture
 def listener(tmp_path: Path) -> Any:
-    with Listener(f"ipc://{tmp_path}/kvcap/handshake.sock") as started:
+    with Listener(private_endpoint(tmp_path)) as started:
         yield started
 
 

@@ -12,14 +12,12 @@ import shutil
 import stat
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-import zmq
 
 from exporter.collectors import HandshakeCollector, HandshakeSettings
 from exporter.collectors.handshake import DEFAULT_MAX_ENGINES
@@ -33,6 +31,9 @@ from exporter.handshake_wire import (
     ready_v2_message,
 )
 from exporter.state import StateStore
+from tests import support
+from tests.collectors import test_handshake
+from tests.collectors.test_handshake import private_endpoint
 from tests.support import cli_command
 from tests.tools import missing
 from tools.handshake_data import HANDSHAKE
@@ -72,26 +73,8 @@ def shared_tmp() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-class Listener:
-    def __init__(self, endpoint: str, **settings: Any) -> None:
-        self.store = StateStore()
-        self.endpoint = endpoint
-        self.collector = HandshakeCollector(HandshakeSettings(endpoint=endpoint, **settings))
-        self.context = zmq.Context()
-        self.push = self.context.socket(zmq.PUSH)
-
-    def __enter__(self) -> Listener:
-        self.collector.start(self.store)
-        self.push.connect(self.endpoint)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.push.close(linger=0)
-        self.context.term()
-        self.collector.stop(2.0)
-
-    def send(self, frames: list[bytes]) -> None:
-        self.push.send_multipart(frames)
+class Listener(test_handshake.Listener):
+    """test_handshake's Listener, with what the hostile tests read off its store."""
 
     def engines(self) -> list[str]:
         return [view.engine for view in self.store.snapshot().engines]
@@ -100,17 +83,17 @@ class Listener:
         return self.store.snapshot().errors.get(("handshake", reason), 0)
 
     def until(self, condition: Any, timeout_s: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if condition():
-                return
-            time.sleep(0.005)
-        raise AssertionError(f"not reached: {self.store.snapshot().errors}, {self.engines()}")
+        support.wait_for(
+            condition,
+            timeout_s,
+            "the condition",
+            lambda: f"errors {self.store.snapshot().errors}, engines {self.engines()}",
+        )
 
 
 @pytest.fixture
 def listener(tmp_path: Path) -> Iterator[Listener]:
-    with Listener(f"ipc://{tmp_path}/kvcap/handshake.sock") as started:
+    with Listener(private_endpoint(tmp_path)) as started:
         yield started
 
 

@@ -6,8 +6,8 @@ tests/live); the batches are the ones a live vLLM 0.32.0 sent (tests/fixtures/kv
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -16,6 +16,7 @@ from exporter.collectors import KvEventsCollector, KvEventsSettings, follow_engi
 from exporter.kv_events_wire import decode_batch
 from exporter.prefix_cache import EngineResidency
 from exporter.state import EngineReport, KvEventsEndpoint, ResidencyView, StateStore
+from tests import support
 from tests.kv_events_data import EVICTIONS, SHARED_PREFIX, frames
 from tests.kv_events_publisher import StandInPublisher
 
@@ -23,11 +24,8 @@ STREAM = [payload for name in (SHARED_PREFIX, EVICTIONS) for _, _, payload in fr
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    """The suite's wait_for, with the patience these streams need."""
+    support.wait_for(condition, timeout_s, what, interval_s=0.02)
 
 
 @pytest.fixture
@@ -38,14 +36,32 @@ def publisher() -> Iterator[StandInPublisher]:
 
 
 def running(
-    endpoint: KvEventsEndpoint, store: StateStore | None = None, **settings: object
+    *endpoints: KvEventsEndpoint, **settings: object
 ) -> tuple[KvEventsCollector, StateStore]:
-    store = store or StateStore()
+    """A collector of `endpoints` (discovery every 0.05 s), started on a store of its own."""
+    store = StateStore()
     collector = KvEventsCollector(
-        KvEventsSettings(endpoints=(endpoint,), discovery_interval_s=0.05, **settings)  # type: ignore[arg-type]
+        KvEventsSettings(endpoints=endpoints, discovery_interval_s=0.05, **settings)  # type: ignore[arg-type]
     )
     started(collector, store)
     return collector, store
+
+
+@contextmanager
+def subscribed(
+    publisher: StandInPublisher, *, replay: bool = False, **settings: object
+) -> Iterator[StateStore]:
+    """The store of a collector subscribed to `publisher` as engine 0 (to its replay endpoint
+    too when `replay`); the collector is stopped afterwards."""
+    endpoint = KvEventsEndpoint(
+        publisher.endpoint, publisher.replay_endpoint if replay else None, "0"
+    )
+    collector, store = running(endpoint, **settings)
+    try:
+        publisher.wait_for_subscriber()
+        yield store
+    finally:
+        collector.stop(2)
 
 
 def started(collector: KvEventsCollector, store: StateStore) -> None:
@@ -86,9 +102,7 @@ def totals(found: ResidencyView) -> tuple[int, int, int]:
 
 
 def test_an_in_order_stream_is_applied_exactly(publisher: StandInPublisher) -> None:
-    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
-    try:
-        publisher.wait_for_subscriber()
+    with subscribed(publisher) as store:
         for sequence, payload in enumerate(STREAM):
             publisher.publish(sequence, payload)
         wait_for(received(store, events_in(STREAM)), "every event")
@@ -99,14 +113,10 @@ def test_an_in_order_stream_is_applied_exactly(publisher: StandInPublisher) -> N
         assert found.up
         status = next(s for s in store.snapshot().collectors if s.collector == "kv_events")
         assert status.up
-    finally:
-        collector.stop(2)
 
 
 def test_a_gap_is_filled_from_the_replay_endpoint(publisher: StandInPublisher) -> None:
-    collector, store = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
-    try:
-        publisher.wait_for_subscriber()
+    with subscribed(publisher, replay=True) as store:
         for sequence, payload in enumerate(STREAM):
             publisher.publish(sequence, payload, send=sequence not in (20, 21, 22))
         wait_for(received(store, events_in(STREAM)), "every event, replayed ones too")
@@ -117,16 +127,12 @@ def test_a_gap_is_filled_from_the_replay_endpoint(publisher: StandInPublisher) -
         assert totals(found) == reference(STREAM)
         assert not found.approximate
         assert "missed" not in found.dropped_total
-    finally:
-        collector.stop(2)
 
 
 def test_a_gap_without_replay_is_counted_and_marked_approximate(
     publisher: StandInPublisher,
 ) -> None:
-    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
-    try:
-        publisher.wait_for_subscriber()
+    with subscribed(publisher) as store:
         sent = [p for s, p in enumerate(STREAM) if s not in (20, 21, 22)]
         for sequence, payload in enumerate(STREAM):
             publisher.publish(sequence, payload, send=sequence not in (20, 21, 22))
@@ -137,8 +143,6 @@ def test_a_gap_without_replay_is_counted_and_marked_approximate(
         assert found.dropped_total["missed"] == 3
         assert found.approximate
         assert found.approximate_reason == "batches were lost (sequence gap)"
-    finally:
-        collector.stop(2)
 
 
 def test_a_sidecar_joining_mid_stream_replays_from_the_start(
@@ -146,9 +150,7 @@ def test_a_sidecar_joining_mid_stream_replays_from_the_start(
 ) -> None:
     for sequence, payload in enumerate(STREAM[:12]):
         publisher.publish(sequence, payload, send=False)  # sent before kvcap started
-    collector, store = running(KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"))
-    try:
-        publisher.wait_for_subscriber()
+    with subscribed(publisher, replay=True) as store:
         for sequence, payload in enumerate(STREAM[12:], start=12):
             publisher.publish(sequence, payload)
         wait_for(received(store, events_in(STREAM)), "every event")
@@ -157,14 +159,10 @@ def test_a_sidecar_joining_mid_stream_replays_from_the_start(
         assert publisher.replays == [0]
         assert totals(found) == reference(STREAM)
         assert not found.approximate
-    finally:
-        collector.stop(2)
 
 
 def test_joining_mid_stream_without_replay_is_approximate(publisher: StandInPublisher) -> None:
-    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
-    try:
-        publisher.wait_for_subscriber()
+    with subscribed(publisher) as store:
         for sequence, payload in enumerate(STREAM[12:], start=12):
             publisher.publish(sequence, payload)
         wait_for(received(store, events_in(STREAM[12:])), "the events sent")
@@ -172,14 +170,10 @@ def test_joining_mid_stream_without_replay_is_approximate(publisher: StandInPubl
         assert found is not None
         assert found.approximate_reason == "joined the stream after its start"
         assert found.dropped_total["missed"] == 12
-    finally:
-        collector.stop(2)
 
 
 def test_a_new_publisher_starts_the_residency_from_zero(publisher: StandInPublisher) -> None:
-    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
-    try:
-        publisher.wait_for_subscriber()
+    with subscribed(publisher) as store:
         for sequence, payload in enumerate(STREAM[:12]):
             publisher.publish(sequence, payload)
         wait_for(received(store, events_in(STREAM[:12])), "the first run's events")
@@ -190,16 +184,12 @@ def test_a_new_publisher_starts_the_residency_from_zero(publisher: StandInPublis
         assert found.cleared_total == 1
         assert totals(found)[0] == reference(STREAM[:1])[0] == 4
         assert not found.approximate
-    finally:
-        collector.stop(2)
 
 
 def test_malformed_messages_are_counted_and_the_stream_goes_on(
     publisher: StandInPublisher,
 ) -> None:
-    collector, store = running(KvEventsEndpoint(publisher.endpoint, None, "0"))
-    try:
-        publisher.wait_for_subscriber()
+    with subscribed(publisher) as store:
         publisher.publish(0, STREAM[0])
         publisher.pub.send_multipart([b"", b"\x00" * 8, b"\xc1 not msgpack"])
         publisher.pub.send_multipart([b"one frame"])
@@ -211,8 +201,6 @@ def test_malformed_messages_are_counted_and_the_stream_goes_on(
         assert found.approximate
         errors = store.snapshot().errors
         assert errors[("kv_events", "malformed_batch")] == 2
-    finally:
-        collector.stop(2)
 
 
 def test_endpoints_pool_size_and_restarts_come_from_the_engine_state(
@@ -252,17 +240,9 @@ def test_an_engine_publishing_on_a_new_endpoint_starts_from_zero(
     publisher: StandInPublisher,
 ) -> None:
     moved = StandInPublisher(replay=False)
-    collector = KvEventsCollector(
-        KvEventsSettings(
-            endpoints=(
-                KvEventsEndpoint(publisher.endpoint, None, "0"),
-                KvEventsEndpoint(moved.endpoint, None, "0"),
-            ),
-            discovery_interval_s=0.05,
-        )
+    collector, store = running(
+        KvEventsEndpoint(publisher.endpoint, None, "0"), KvEventsEndpoint(moved.endpoint, None, "0")
     )
-    store = StateStore()
-    started(collector, store)
     try:
         publisher.wait_for_subscriber()
         moved.wait_for_subscriber()
@@ -283,11 +263,7 @@ def test_an_engine_publishing_on_a_new_endpoint_starts_from_zero(
 def test_a_batch_past_the_message_size_is_refused_and_the_publisher_reported_down(
     publisher: StandInPublisher,
 ) -> None:
-    collector, store = running(
-        KvEventsEndpoint(publisher.endpoint, None, "0"), max_message_bytes=64 * 1024
-    )
-    try:
-        publisher.wait_for_subscriber()
+    with subscribed(publisher, max_message_bytes=64 * 1024) as store:
         publisher.publish(0, STREAM[0])
         wait_for(received(store, events_in(STREAM[:1])), "the first batch")
         # 1 MiB against 64 KiB: libzmq drops the connection at its header (for good: a
@@ -298,5 +274,3 @@ def test_a_batch_past_the_message_size_is_refused_and_the_publisher_reported_dow
         found = view(store)
         assert found is not None
         assert totals(found) == reference(STREAM[:1])
-    finally:
-        collector.stop(2)

@@ -19,6 +19,7 @@ from tests.collectors.test_kv_events import (
     STREAM,
     events_in,
     reference,
+    running,
     started,
     totals,
     view,
@@ -66,18 +67,11 @@ def honest() -> Iterator[StandInPublisher]:
 def beside_honest(
     hostile: StandInPublisher, honest: StandInPublisher, **settings: object
 ) -> tuple[KvEventsCollector, StateStore]:
-    store = StateStore()
-    collector = KvEventsCollector(
-        KvEventsSettings(
-            endpoints=(
-                KvEventsEndpoint(hostile.endpoint, hostile.replay_endpoint, "0"),
-                KvEventsEndpoint(honest.endpoint, honest.replay_endpoint, "1"),
-            ),
-            discovery_interval_s=0.05,
-            **settings,  # type: ignore[arg-type]
-        )
+    collector, store = running(
+        KvEventsEndpoint(hostile.endpoint, hostile.replay_endpoint, "0"),
+        KvEventsEndpoint(honest.endpoint, honest.replay_endpoint, "1"),
+        **settings,
     )
-    started(collector, store)
     hostile.wait_for_subscriber()
     honest.wait_for_subscriber()
     return collector, store
@@ -253,16 +247,11 @@ def test_socket_exhaustion_is_a_counted_error_never_the_end_of_the_thread() -> N
 def test_a_sub_dropped_for_an_oversized_batch_is_opened_again(
     hostile: StandInPublisher,
 ) -> None:
-    store = StateStore()
-    collector = KvEventsCollector(
-        KvEventsSettings(
-            endpoints=(KvEventsEndpoint(hostile.endpoint, None, "0"),),
-            discovery_interval_s=0.05,
-            max_message_bytes=64 * 1024,
-            reopen_after_s=0.2,
-        )
+    collector, store = running(
+        KvEventsEndpoint(hostile.endpoint, None, "0"),
+        max_message_bytes=64 * 1024,
+        reopen_after_s=0.2,
     )
-    started(collector, store)
     try:
         hostile.wait_for_subscriber()
         hostile.publish(0, STREAM[0])
@@ -284,18 +273,11 @@ def test_a_sub_dropped_for_an_oversized_batch_is_opened_again(
 
 def test_concurrent_replays_are_capped() -> None:
     stuck = [StandInPublisher(answer_replays=False) for _ in range(3)]
-    store = StateStore()
-    collector = KvEventsCollector(
-        KvEventsSettings(
-            endpoints=tuple(
-                KvEventsEndpoint(p.endpoint, p.replay_endpoint, str(i)) for i, p in enumerate(stuck)
-            ),
-            discovery_interval_s=0.05,
-            replay_timeout_s=60.0,
-            max_replays=2,
-        )
+    collector, store = running(
+        *(KvEventsEndpoint(p.endpoint, p.replay_endpoint, str(i)) for i, p in enumerate(stuck)),
+        replay_timeout_s=60.0,
+        max_replays=2,
     )
-    started(collector, store)
     try:
         for publisher in stuck:
             publisher.wait_for_subscriber()
@@ -310,16 +292,9 @@ def test_concurrent_replays_are_capped() -> None:
 
 
 def test_the_residency_bounds_hit_are_counted(hostile: StandInPublisher) -> None:
-    store = StateStore()
-    collector = KvEventsCollector(
-        KvEventsSettings(
-            endpoints=(KvEventsEndpoint(hostile.endpoint, None, "0"),),
-            discovery_interval_s=0.05,
-            max_blocks=1_000,
-            max_groups=4,
-        )
+    collector, store = running(
+        KvEventsEndpoint(hostile.endpoint, None, "0"), max_blocks=1_000, max_groups=4
     )
-    started(collector, store)
     try:
         hostile.wait_for_subscriber()
         for sequence in range(10):

@@ -8,13 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from exporter.collectors import KvEventsCollector, KvEventsSettings
 from exporter.state import KvEventsEndpoint, StateStore
 from tests.collectors.test_kv_events import (
     STREAM,
     events_in,
     reference,
-    started,
+    running,
     totals,
     view,
     wait_for,
@@ -32,17 +31,6 @@ def stuck() -> Iterator[StandInPublisher]:
     found.close()
 
 
-def collecting(
-    *endpoints: KvEventsEndpoint, **settings: object
-) -> tuple[KvEventsCollector, StateStore]:
-    store = StateStore()
-    collector = KvEventsCollector(
-        KvEventsSettings(endpoints=endpoints, discovery_interval_s=0.05, **settings)  # type: ignore[arg-type]
-    )
-    started(collector, store)
-    return collector, store
-
-
 def events_of(store: StateStore, engine: str) -> int:
     found = view(store, engine)
     return 0 if found is None else found.events_received_total
@@ -58,7 +46,7 @@ def test_a_replay_that_never_answers_stalls_only_its_own_engine(
     stuck: StandInPublisher,
 ) -> None:
     honest = StandInPublisher()
-    collector, store = collecting(
+    collector, store = running(
         KvEventsEndpoint(stuck.endpoint, stuck.replay_endpoint, "0"),
         KvEventsEndpoint(honest.endpoint, honest.replay_endpoint, "1"),
         replay_timeout_s=120.0,
@@ -96,7 +84,7 @@ def test_a_replay_that_never_answers_stalls_only_its_own_engine(
 def test_a_replay_ended_by_its_deadline_or_its_held_batches_counts_what_it_missed(
     stuck: StandInPublisher, timeout_s: float, max_held: int
 ) -> None:
-    collector, store = collecting(
+    collector, store = running(
         KvEventsEndpoint(stuck.endpoint, stuck.replay_endpoint, "0"),
         replay_timeout_s=timeout_s,
         max_held_batches=max_held,
@@ -125,7 +113,7 @@ def test_a_replay_ended_by_its_deadline_or_its_held_batches_counts_what_it_misse
 
 def test_a_replayed_batch_past_the_message_size_is_refused() -> None:
     publisher = StandInPublisher()
-    collector, store = collecting(
+    collector, store = running(
         KvEventsEndpoint(publisher.endpoint, publisher.replay_endpoint, "0"),
         replay_timeout_s=1.0,
         max_message_bytes=64 * 1024,

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from typing import Any
 
 import pytest
 
-from exporter.collectors import ServerPoller, VllmHttpSettings, fetch
 from exporter.collectors.parsing import parse_vllm_serve_args
 from exporter.state import StateStore
-from tests.collectors.recorded_vllm import Playback, serve
+from tests.collectors.recorded_vllm import Playback, polled_once
 from tests.conftest import FIXTURES
 
 LIVE_CPU = FIXTURES / "live-cpu" / "0.32.0"
@@ -39,17 +37,13 @@ def _poll(name: str, **settings: Any) -> StateStore:
             "/version": json.loads((folder / "version.json").read_text()),
         },
     )
-    store = StateStore()
-    with serve(playback) as url:
-        source = VllmHttpSettings(
-            urls=(url,),
-            timeout_s=1.0,
-            serve_args=parse_vllm_serve_args(server["vllm_args"]),
-            model_config=folder / "config.json",
-            **settings,
-        )
-        ServerPoller(url, source, fetch, store, threading.Event()).poll_once()
-    return store
+    return polled_once(
+        playback,
+        timeout_s=1.0,
+        serve_args=parse_vllm_serve_args(server["vllm_args"]),
+        model_config=folder / "config.json",
+        **settings,
+    )
 
 
 @pytest.mark.parametrize("name", RECORDINGS)

@@ -33,7 +33,7 @@ from exporter.handshake_wire import (
 )
 from exporter.state import Snapshot, StateStore
 from tests.collectors.recorded_vllm import Playback, serve
-from tests.collectors.test_handshake import Listener
+from tests.collectors.test_handshake import Listener, private_endpoint
 from tests.collectors.test_vllm_http import LLAMA, exposition_of, load
 from tools.handshake_data import ready_for_rank
 
@@ -60,7 +60,7 @@ class LiveListener(Listener):
     """The test_handshake Listener with a manual clock and a way to wait for sweeps."""
 
     def __init__(self, tmp_path: Path, **settings: Any) -> None:
-        super().__init__(tmp_path, **settings)
+        super().__init__(private_endpoint(tmp_path), **settings)
         self.clock = ManualClock()
         unstarted = self.source
         unstarted.stop(0.0)  # never started: this only ends its ZMQ context

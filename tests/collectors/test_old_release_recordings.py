@@ -14,18 +14,16 @@ import json
 import re
 import shlex
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collectors import ServerPoller, VllmHttpSettings, fetch
 from exporter.collectors.parsing import parse_vllm_serve_args
 from exporter.exposition import build_exposition
-from exporter.state import EngineView, StateStore
-from tests.collectors.recorded_vllm import Playback, serve
+from exporter.state import EngineView
+from tests.collectors.recorded_vllm import Playback, polled_once
 from tests.conftest import GOLDEN
 from tests.support import cli_command
 
@@ -46,15 +44,12 @@ def sidecar(path: Path, fixture: dict[str, Any]) -> tuple[dict[str, EngineView],
         metrics=(path.parent / fixture["exposition_file"]).read_bytes(),
         documents={"/v1/models": fixture["v1_models"], "/version": fixture["version"]},
     )
-    store = StateStore()
-    with serve(playback) as url:
-        settings = VllmHttpSettings(
-            urls=(url,),
-            timeout_s=5.0,
-            serve_args=parse_vllm_serve_args(fixture["vllm_args"]),
-            model_config=(path.parent / fixture["model_config_dir"]).resolve(),
-        )
-        ServerPoller(url, settings, fetch, store, threading.Event()).poll_once()
+    store = polled_once(
+        playback,
+        timeout_s=5.0,
+        serve_args=parse_vllm_serve_args(fixture["vllm_args"]),
+        model_config=(path.parent / fixture["model_config_dir"]).resolve(),
+    )
     snapshot = store.snapshot()
     assert snapshot.collectors[0].up, snapshot.collectors[0].last_error
     text = build_exposition(store.snapshot, process=False).body().content.decode()

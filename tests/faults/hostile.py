@@ -52,6 +52,13 @@ class Daemon:
             fields = stat.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def sigterm_s(self, wait_s: float = 10) -> float:
+        """Send SIGTERM and wait for the exit; the seconds it took."""
+        began = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(wait_s)
+        return time.monotonic() - began
+
     def logged(self, event: str) -> list[str]:
         return [line for line in list(self.log) if event in line]
 

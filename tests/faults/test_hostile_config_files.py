@@ -5,7 +5,6 @@ traceback, SIGTERM still ends it (issue 25, item 4)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ import pytest
 
 from exporter import examples
 from tests.collectors.test_vllm_http_hostile import GEMMA, metrics_only, stand_in
-from tests.faults.hostile import MAX_RSS_MIB, SCRAPE_WITHIN_S, daemon, scrape
+from tests.faults.hostile import MAX_RSS_MIB, SCRAPE_WITHIN_S, Daemon, daemon, scrape
 from tests.test_bounded_files import BILLION_LAUGHS
 
 GEMMA_CONFIG = Path(examples.__file__).parent / "gemma-3-27b-text.json"
@@ -36,6 +35,23 @@ def fake_vllm(folder: Path, *flags: str) -> Iterator[subprocess.Popen[bytes]]:
     finally:
         process.kill()
         process.wait()
+
+
+@contextmanager
+def daemon_beside_a_vllm_with_config(folder: Path, config: str) -> Iterator[Daemon]:
+    """A daemon polling a stand-in vLLM API server every 0.25 s, whose process (a fake
+    `vllm serve`) names `--config CONFIG` on its command line."""
+    with (
+        stand_in(metrics_only(GEMMA.read_bytes())) as (url, _),
+        fake_vllm(folder, "--config", config, "--port", url.rsplit(":", 1)[1]),
+        daemon(
+            "--collector.vllm_http",
+            f"--vllm.url={url}",
+            "--vllm.poll-interval=0.25",
+            f"--model.config={GEMMA_CONFIG}",
+        ) as target,
+    ):
+        yield target
 
 
 def _hostile_file(folder: Path, kind: str) -> str:
@@ -66,16 +82,7 @@ def test_a_hostile_config_file_of_a_discovered_vllm_is_one_counted_refusal(
     tmp_path: Path, kind: str, reason: str
 ) -> None:
     config = _hostile_file(tmp_path, kind)
-    with (
-        stand_in(metrics_only(GEMMA.read_bytes())) as (url, _),
-        fake_vllm(tmp_path, "--config", config, "--port", url.rsplit(":", 1)[1]),
-        daemon(
-            "--collector.vllm_http",
-            f"--vllm.url={url}",
-            "--vllm.poll-interval=0.25",
-            f"--model.config={GEMMA_CONFIG}",
-        ) as target,
-    ):
+    with daemon_beside_a_vllm_with_config(tmp_path, config) as target:
         time.sleep(2.0)  # 8 polls: the file must be read once, not once a poll
         reply = scrape(target)
         engines = scrape(target, "/engines").body.decode()
@@ -83,10 +90,7 @@ def test_a_hostile_config_file_of_a_discovered_vllm_is_one_counted_refusal(
         errors = target.counter(
             "kvcap_collector_errors_total", collector="vllm_http", reason=reason
         )
-        began = time.monotonic()
-        target.process.send_signal(signal.SIGTERM)
-        target.process.wait(10)
-        exit_s = time.monotonic() - began
+        exit_s = target.sigterm_s()
     log = "".join(target.log)
     print(
         f"--config {kind}: peak RSS {peak:.1f} MiB, scrape {reply.elapsed_s:.3f} s, "
@@ -109,16 +113,7 @@ def test_a_config_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
     """Fixed in place, the file is read at its next version and the engines derived."""
     config = tmp_path / "vllm.yaml"
     config.write_text(BILLION_LAUGHS)
-    with (
-        stand_in(metrics_only(GEMMA.read_bytes())) as (url, _),
-        fake_vllm(tmp_path, "--config", str(config), "--port", url.rsplit(":", 1)[1]),
-        daemon(
-            "--collector.vllm_http",
-            f"--vllm.url={url}",
-            "--vllm.poll-interval=0.25",
-            f"--model.config={GEMMA_CONFIG}",
-        ) as target,
-    ):
+    with daemon_beside_a_vllm_with_config(tmp_path, str(config)) as target:
         time.sleep(1.0)
         assert "engine settings unknown" in scrape(target, "/engines").body.decode()
         replacement = tmp_path / "vllm.yaml.new"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -93,11 +92,36 @@ def honest_current(target: Daemon) -> tuple[bool, float]:
     return current, reply.elapsed_s
 
 
-def stop_time(target: Daemon) -> float:
-    began = time.monotonic()
-    target.process.send_signal(signal.SIGTERM)
-    target.process.wait(10)
-    return time.monotonic() - began
+def kept_within_the_budget(
+    target: Daemon, reasons: tuple[str, ...], refusals: int, name: str
+) -> int:
+    """Once the daemon has counted `refusals` handshakes refused for `reasons`: /metrics,
+    /engines, peak RSS and SIGTERM held to the yardstick; how many engines it kept."""
+
+    def refused() -> float:
+        return sum(
+            target.counter("kvcap_collector_errors_total", collector="handshake", reason=reason)
+            for reason in reasons
+        )
+
+    deadline = time.monotonic() + 60
+    while refused() < refusals:
+        assert time.monotonic() < deadline, "the daemon did not handle every message"
+        time.sleep(0.5)
+    metrics, engines = scrape(target), scrape(target, "/engines")
+    peak = target.peak_rss_mib()
+    stopped = target.sigterm_s()
+    kept = len(json.loads(engines.body)["engines"])
+    print(
+        f"{name}: {kept} engines kept, /metrics {len(metrics.body) / 2**20:.2f} MiB "
+        f"in {metrics.elapsed_s:.3f} s, /engines {len(engines.body) / 2**20:.2f} MiB in "
+        f"{engines.elapsed_s:.3f} s, peak RSS {peak:.1f} MiB, SIGTERM {stopped:.2f} s"
+    )
+    assert metrics.elapsed_s < SCRAPE_WITHIN_S
+    assert engines.elapsed_s < SCRAPE_WITHIN_S
+    assert peak < MAX_RSS_MIB
+    assert stopped < STOPPED_WITHIN_S
+    return kept
 
 
 def most_lines_in_10_s(target: Daemon, event: str) -> int:
@@ -144,7 +168,7 @@ def test_forged_heartbeats_and_byes_cannot_remove_an_engine() -> None:
 
         mismatched, byes = refused("token_mismatch"), refused("bye_refused")
         peak = target.peak_rss_mib()
-        stopped = stop_time(target)
+        stopped = target.sigterm_s()
     print(
         f"token hijack: {mismatched:.0f} token_mismatch, {byes:.0f} bye_refused, honest "
         f"current in {checks - failed} of {checks} checks, slowest {slowest:.3f} s, "
@@ -194,7 +218,7 @@ def test_a_restart_storm_leaves_honest_engines_current() -> None:
             "kvcap_collector_errors_total", collector="handshake", reason="instance_conflict"
         )
         peak = target.peak_rss_mib()
-        stopped = stop_time(target)
+        stopped = target.sigterm_s()
     print(
         f"restart storm: {sent[0]} messages in {STORM_S:.0f} s, {conflicts:.0f} "
         f"instance_conflict, {restarts} engines with restarts, at most {lines} "
@@ -222,30 +246,13 @@ def test_engines_times_groups_stay_within_the_series_budget() -> None:
             extras = ReadyExtras(model_name="m" * 256, groups=[GROUP] * groups)
             for rank in range(256):
                 attacker.send_multipart(ready_v2_message(ready_bytes(rank), 5.0, extras))
-
-        def refused(reason: str) -> float:
-            return target.counter(
-                "kvcap_collector_errors_total", collector="handshake", reason=reason
-            )
-
-        deadline = time.monotonic() + 60
-        while refused("too_many_groups") + refused("series_budget") < 256 + 256 - 2048 // 32:
-            assert time.monotonic() < deadline, "the daemon did not handle every message"
-            time.sleep(0.5)
-        metrics, engines = scrape(target), scrape(target, "/engines")
-        peak = target.peak_rss_mib()
-        stopped = stop_time(target)
-    kept = len(json.loads(engines.body)["engines"])
-    print(
-        f"engines x groups: {kept} engines kept, /metrics {len(metrics.body) / 2**20:.2f} MiB "
-        f"in {metrics.elapsed_s:.3f} s, /engines {len(engines.body) / 2**20:.2f} MiB in "
-        f"{engines.elapsed_s:.3f} s, peak RSS {peak:.1f} MiB, SIGTERM {stopped:.2f} s"
-    )
+        kept = kept_within_the_budget(
+            target,
+            ("too_many_groups", "series_budget"),
+            256 + 256 - 2048 // 32,
+            "engines x groups",
+        )
     assert kept == 2048 // 32  # 32 groups, no workers each
-    assert metrics.elapsed_s < SCRAPE_WITHIN_S
-    assert engines.elapsed_s < SCRAPE_WITHIN_S
-    assert peak < MAX_RSS_MIB
-    assert stopped < STOPPED_WITHIN_S
 
 
 FLOOD_S = 6.0
@@ -283,7 +290,7 @@ def test_a_flood_at_full_speed_leaves_honest_engines_current_and_sigterm_works()
         try:
             checks, failed, slowest = checked(target, FLOOD_S)
             peak = target.peak_rss_mib()
-            stopped = stop_time(target)  # while the flood goes on
+            stopped = target.sigterm_s()  # while the flood goes on
         finally:
             stop.set()
             for thread in threads:
@@ -310,26 +317,7 @@ def test_long_device_lists_stay_within_the_budget() -> None:
             ready = ready_bytes(rank, instance_id="i" * 256, vllm_version="v" * 256)
             attacker.send_multipart(ready_v2_message(ready, 5.0, extras))
         kept_at_most = 2048 // 250
-
-        def refused() -> float:
-            return target.counter(
-                "kvcap_collector_errors_total", collector="handshake", reason="series_budget"
-            )
-
-        deadline = time.monotonic() + 60
-        while refused() < 256 - kept_at_most:
-            assert time.monotonic() < deadline, "the daemon did not handle every message"
-            time.sleep(0.5)
-        metrics, engines = scrape(target), scrape(target, "/engines")
-        peak = target.peak_rss_mib()
-        stopped = stop_time(target)
-    kept = len(json.loads(engines.body)["engines"])
-    print(
-        f"long device lists: {kept} engines kept, /metrics {len(metrics.body) / 2**20:.2f} MiB "
-        f"in {metrics.elapsed_s:.3f} s, /engines {len(engines.body) / 2**20:.2f} MiB in "
-        f"{engines.elapsed_s:.3f} s, peak RSS {peak:.1f} MiB, SIGTERM {stopped:.2f} s"
-    )
+        kept = kept_within_the_budget(
+            target, ("series_budget",), 256 - kept_at_most, "long device lists"
+        )
     assert kept == kept_at_most
-    assert engines.elapsed_s < SCRAPE_WITHIN_S
-    assert peak < MAX_RSS_MIB
-    assert stopped < STOPPED_WITHIN_S

@@ -4,7 +4,6 @@ log line per cause, no traceback, SIGTERM obeyed within 2 s."""
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -133,10 +132,7 @@ def attacked(
                     time.sleep(0.1)
             assert target.counter("kvcap_prefix_cache_approximate", engine="1") == 0
             peak = target.peak_rss_mib()
-            began = time.monotonic()
-            target.process.send_signal(signal.SIGTERM)
-            target.process.wait(5)
-            sigterm_s = time.monotonic() - began
+            sigterm_s = target.sigterm_s(5)
             time.sleep(0.2)  # the last lines of the log
             return Measured(peak, max(times, default=0.0), sigterm_s, list(target.log))
     finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -14,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from tests.support import free_port
+from tests.support import free_port, wait_for
 from tests.tools import require_tool
 
 
@@ -82,11 +81,9 @@ class Prometheus:
         an answer back for seconds, and "no alerts" must not pass for "no answer")."""
         params = {"query": promql} | ({"time": f"{at:.3f}"} if at is not None else {})
         path = "/api/v1/query?" + urllib.parse.urlencode(params)
-        deadline = time.monotonic() + 30
-        while (body := self._answer(path)) is None:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"Prometheus did not answer the query {promql!r}")
-            time.sleep(0.5)
+        body = wait_for(
+            lambda: self._answer(path), 30, f"Prometheus answering {promql!r}", interval_s=0.5
+        )
         answer = json.loads(body)
         assert answer["status"] == "success", answer
         result: list[dict[str, Any]] = answer["data"]["result"]
@@ -108,12 +105,7 @@ class Prometheus:
 
     @staticmethod
     def wait_until(condition: Any, what: str, timeout_s: float = 20) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if condition():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}")
+        wait_for(condition, timeout_s, what, interval_s=0.2)
 
 
 def promtool_eval(tmp_path: Path, series: list[dict[str, str]], cases: Sequence[object]) -> None:

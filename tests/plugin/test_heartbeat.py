@@ -39,17 +39,22 @@ from tests.plugin.test_vllm_plugin import LLAMA, installed, plugin_warnings
 FAST_S = "0.05"
 
 
+@pytest.fixture
+def core(monkeypatch: pytest.MonkeyPatch, sidecar: Sidecar) -> Any:
+    """vLLM's engine core stand-ins with the plugin registered to the sidecar, beating
+    every FAST_S seconds."""
+    core = installed(monkeypatch)
+    monkeypatch.setenv(HEARTBEAT_INTERVAL_ENV, FAST_S)
+    vllm_plugin.register()
+    return core
+
+
 def sent_extras(frame: bytes) -> ReadyExtras:
     """Everything the plugin put in the extras frame (the sidecar decodes less)."""
     return msgspec.msgpack.decode(frame, type=ReadyExtras)
 
 
-def test_the_heartbeat_resends_the_ready_message_byte_for_byte(
-    monkeypatch: pytest.MonkeyPatch, sidecar: Sidecar
-) -> None:
-    core = installed(monkeypatch)
-    monkeypatch.setenv(HEARTBEAT_INTERVAL_ENV, FAST_S)
-    vllm_plugin.register()
+def test_the_heartbeat_resends_the_ready_message_byte_for_byte(core: Any, sidecar: Sidecar) -> None:
     engine = standins.engine(core, LLAMA, engine_index=1)
     engine._make_ready_response()
 
@@ -63,10 +68,7 @@ def test_the_heartbeat_resends_the_ready_message_byte_for_byte(
     assert len(engine.calls.ready_responses) == 1  # vLLM made it once; the plugin re-sends
 
 
-def test_no_heartbeat_follows_the_bye(monkeypatch: pytest.MonkeyPatch, sidecar: Sidecar) -> None:
-    core = installed(monkeypatch)
-    monkeypatch.setenv(HEARTBEAT_INTERVAL_ENV, FAST_S)
-    vllm_plugin.register()
+def test_no_heartbeat_follows_the_bye(core: Any, sidecar: Sidecar) -> None:
     engine = standins.engine(core, LLAMA)
     response = engine._make_ready_response()
     for _ in range(3):
@@ -84,12 +86,7 @@ def test_no_heartbeat_follows_the_bye(monkeypatch: pytest.MonkeyPatch, sidecar: 
     assert vllm_plugin.state.heartbeats == {}
 
 
-def test_the_atexit_hook_stops_the_heartbeat_too(
-    monkeypatch: pytest.MonkeyPatch, sidecar: Sidecar
-) -> None:
-    core = installed(monkeypatch)
-    monkeypatch.setenv(HEARTBEAT_INTERVAL_ENV, FAST_S)
-    vllm_plugin.register()
+def test_the_atexit_hook_stops_the_heartbeat_too(core: Any, sidecar: Sidecar) -> None:
     standins.engine(core, LLAMA)._make_ready_response()
     assert sidecar.receive() is not None
     vllm_plugin._send_pending_byes_and_close()
@@ -153,14 +150,9 @@ def beat_as_a_forked_engine(core: Any) -> None:
 
 
 @pytest.mark.process
-def test_a_forked_engine_beats_only_for_itself(
-    monkeypatch: pytest.MonkeyPatch, sidecar: Sidecar
-) -> None:
+def test_a_forked_engine_beats_only_for_itself(core: Any, sidecar: Sidecar) -> None:
     """The parent beats for engine 0 while the forked child runs engine 1: each process
     sends only its own engine's heartbeats, and the child's bye ends the child's."""
-    core = installed(monkeypatch)
-    monkeypatch.setenv(HEARTBEAT_INTERVAL_ENV, FAST_S)
-    vllm_plugin.register()
     standins.engine(core, LLAMA, engine_index=0)._make_ready_response()
     child = multiprocessing.get_context("fork").Process(
         target=beat_as_a_forked_engine, args=(core,)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import socket
 import ssl
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -158,6 +159,13 @@ def start_server(tmp_path: Path) -> Iterator[StartServer]:
     yield start
     for server in servers:
         server.stop()
+
+
+def raw_connection(server: WebServer, timeout_s: float | None = 5.0) -> socket.socket:
+    """A plain TCP connection to the server: bytes as a client sends them, no HTTP library."""
+    port = urlsplit(server.url).port
+    assert port is not None
+    return socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
 
 
 def connect(

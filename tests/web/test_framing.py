@@ -7,22 +7,19 @@ import re
 import socket
 import threading
 import time
-from urllib.parse import urlsplit
 
 import pytest
 
 import exporter.web.connection as connection_module
 from exporter.web import MAX_HEAD_BYTES, BadHead, Response, WebServer, parse_head
-from tests.web.conftest import StartServer
+from tests.web.conftest import StartServer, raw_connection
 
 SMUGGLED = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
 def exchange(server: WebServer, data: bytes, timeout_s: float = 5.0) -> bytes:
     """Sends `data`, then reads until the server closes the connection."""
-    port = urlsplit(server.url).port
-    assert port is not None
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as client:
+    with raw_connection(server, timeout_s) as client:
         client.sendall(data)
         with contextlib.suppress(OSError):  # the server may have closed it already
             client.shutdown(socket.SHUT_WR)
@@ -99,9 +96,7 @@ def test_a_head_over_the_budget_is_refused_after_reading_the_budget(
     server = start_server()
     target = b"/" if extra else b"/" + b"a" * MAX_HEAD_BYTES
     head = b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n" + extra + b"\r\n"
-    port = urlsplit(server.url).port
-    assert port is not None
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+    with raw_connection(server) as client:
         # 1.3 MB, more than the server reads; OSError: it answered and closed before the end.
         with contextlib.suppress(OSError):
             client.sendall(head * 20)
@@ -121,9 +116,7 @@ def test_a_trickled_head_is_cut_at_its_deadline(
 ) -> None:
     monkeypatch.setattr(connection_module, "HEAD_DEADLINE_S", 0.3)
     server = start_server()
-    port = urlsplit(server.url).port
-    assert port is not None
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+    with raw_connection(server) as client:
         client.sendall(b"GET /metrics HTTP/1.1\r\n")
         time.sleep(0.15)
         client.sendall(b"Host: x\r\n")  # a byte now and then does not extend the deadline
@@ -137,9 +130,7 @@ def test_a_silent_new_connection_is_closed_after_the_first_byte_timeout(
 ) -> None:
     monkeypatch.setattr(connection_module, "FIRST_BYTE_TIMEOUT_S", 0.2)
     server = start_server()
-    port = urlsplit(server.url).port
-    assert port is not None
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+    with raw_connection(server) as client:
         assert client.recv(1) == b""
     assert server.counters.rejected()["first_byte_timeout"] == 1
 
@@ -154,15 +145,13 @@ def test_over_the_cap_with_every_connection_busy_is_503(start_server: StartServe
     server = WebServer("127.0.0.1:0", {"/slow": slow}, max_connections=2)
     server.start()
     try:
-        port = urlsplit(server.url).port
-        assert port is not None
-        busy = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
+        busy = [raw_connection(server) for _ in range(2)]
         for sock in busy:
             sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
         time.sleep(0.2)
         # Nothing sent: the answer comes without waiting for a request (unread request
         # bytes would turn the server's close into a reset that can swallow it).
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+        with raw_connection(server) as client:
             assert statuses(client.recv(65536)) == [b"503"]
         assert server.counters.rejected()["over_capacity"] == 1
         release.set()

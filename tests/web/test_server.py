@@ -21,6 +21,7 @@ from tests.web.conftest import (
     echo,
     fetch,
     get,
+    raw_connection,
 )
 from tests.web.test_auth import basic
 
@@ -147,9 +148,7 @@ def test_keep_alive_serves_many_requests_on_one_connection(start_server: StartSe
 
 def test_http_1_0_client(start_server: StartServer) -> None:
     server = start_server()
-    port = urlsplit(server.url).port
-    assert port is not None
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+    with raw_connection(server) as client:
         client.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
         answer = b""
         while chunk := client.recv(65536):
@@ -172,9 +171,7 @@ def test_malformed_requests_get_an_error_and_the_server_goes_on(
     start_server: StartServer, request_bytes: bytes, status: bytes
 ) -> None:
     server = start_server()
-    port = urlsplit(server.url).port
-    assert port is not None
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+    with raw_connection(server) as client:
         client.sendall(request_bytes)
         assert client.recv(65536).split(b" ")[1] == status
     assert get(server.url).status == 200
@@ -213,9 +210,8 @@ def test_stop_returns_quickly_with_a_keep_alive_client_connected(
     server = start_server()
     idle = connect(server.url)
     assert fetch(idle).status == 200
-    port = urlsplit(server.url).port
-    assert port is not None
-    silent = socket.create_connection(("127.0.0.1", port))  # connected, never asks anything
+    silent = raw_connection(server, None)  # connected, never asks anything
+    port = silent.getpeername()[1]  # the server forgets its URL when it stops
     time.sleep(0.05)  # let the server thread pick the silent connection up
     threads_before = threading.active_count()
     start = time.monotonic()

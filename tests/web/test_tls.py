@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.web.conftest import Certs, StartServer, connect, fetch, get, tls_config
+from tests.web.conftest import Certs, StartServer, connect, fetch, get, raw_connection, tls_config
 
 # What a refused TLS client sees depends on the TLS version and on timing: an alert during
 # the handshake, or (TLS 1.3 checks client certificates after the client's side is done)
@@ -107,10 +107,8 @@ def test_default_min_version_refuses_tls11(start_server: StartServer, certs: Cer
 
 def test_silent_client_does_not_block_others(start_server: StartServer, certs: Certs) -> None:
     server = start_server(tls_config(certs))
-    port = urlsplit(server.url).port
-    assert port is not None
     # Connected but never starting the handshake: only its own thread waits on it.
-    silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+    silent = [raw_connection(server, None) for _ in range(3)]
     start = time.monotonic()
     assert get(server.url, context=certs.client_context()).status == 200
     assert time.monotonic() - start < 1.0
@@ -120,9 +118,7 @@ def test_silent_client_does_not_block_others(start_server: StartServer, certs: C
 
 def test_stop_with_a_tls_client_mid_handshake(start_server: StartServer, certs: Certs) -> None:
     server = start_server(tls_config(certs))
-    port = urlsplit(server.url).port
-    assert port is not None
-    silent = socket.create_connection(("127.0.0.1", port))
+    silent = raw_connection(server, None)
     idle = connect(server.url, certs.client_context())
     assert fetch(idle).status == 200
     time.sleep(0.05)  # let the server thread start the handshake
