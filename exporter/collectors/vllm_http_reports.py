@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from exporter.capacity import (
     CPU,
+    CPU_AMX,
     PLATFORMS,
     CapacityResult,
     EngineCapacity,
@@ -436,7 +437,7 @@ def choose_platform(
         r for r in results if reported is None or r.capacity.block_size == reported
     ] or results
     if len(matching) > 1 and info is not None and _cpu_only_labels(info, memory_flag, ssm_flag):
-        matching = [r for r in matching if r.platform == CPU] or matching
+        matching = [r for r in matching if r.platform in (CPU, CPU_AMX)] or matching
     return matching[0]
 
 
