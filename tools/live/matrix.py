@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -87,6 +88,9 @@ def observe(release: str, config: str | LiveConfig, workdir: Path) -> Row:
     except AssertionError:
         server.stop()
         return Row(release, model, started=False, log_lines=(error_line(server.log()),))
+    except BaseException:  # stopped while starting (SIGTERM, Ctrl-C): no server left behind
+        server.stop()
+        raise
     try:
         logged = server.logged_capacity()
         assert len(logged) == 1, f"expected one engine's capacity line, got {logged}"
@@ -303,6 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.from_json:
         print_table(load_rows(options.from_json), options.markdown, elapsed_s=None)
         return 0
+    # SIGTERM (a run stopped half way) unwinds like Ctrl-C: the running server is stopped.
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     releases = options.release or list(MATRIX_RELEASES)
     configs = chosen_configs(options.configs, options.family, options.config)
     started = time.monotonic()
@@ -319,6 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     dump_row(row, options.json)
     print_table(rows, options.markdown, elapsed_s=time.monotonic() - started)
     return 0
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def chosen_configs(
