@@ -42,6 +42,10 @@ LOGGED = [
     ("0.32.0", "phi3.sliding_window=24", "cpu-amx", 1_973_790),
     ("0.32.0", "falcon_h1.mamba_d_head=32", "cpu-amx", 958_464),
     ("0.32.0", "llama4.attention_chunk_size=64", "cpu-amx", 1_048_576),
+    ("0.32.0", "nemotron_h.n_groups=2", "cpu-amx", 1_342_054),
+    ("0.32.0", "jamba.mamba_d_state=32", "cpu-amx", 2_396_745),
+    ("0.32.0", "llama.head_dim=128", "cpu-amx", 1_048_576),
+    ("0.27.0", "qwen3_next.head_dim=32", "cpu-amx", 2_684_108),
 ]
 
 
