@@ -38,7 +38,6 @@ LOGGED = [
     ("0.32.0", "qwen3_next.head_dim=32", "cpu-amx", 2_064_699),
     ("0.32.0", "qwen3_next.head_dim=256", "cpu-amx", 381_300),
     ("0.32.0", "nemotron_h.mamba_head_dim=32", "cpu-amx", 1_342_054),
-    ("0.32.0", "gemma3.sliding_window=64", "cpu-amx", 332_222),
     ("0.32.0", "phi3.sliding_window=24", "cpu-amx", 1_973_790),
     ("0.32.0", "falcon_h1.mamba_d_head=32", "cpu-amx", 958_464),
     ("0.32.0", "llama4.attention_chunk_size=64", "cpu-amx", 1_048_576),

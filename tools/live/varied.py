@@ -35,13 +35,22 @@ def family_config(family: str) -> LiveConfig:
     return LiveConfig(family, family)
 
 
-def _sweep(family: str, dimension: str, values: dict[str, dict[str, Any]]) -> list[LiveConfig]:
+def _sweep(
+    family: str,
+    dimension: str,
+    values: dict[str, dict[str, Any]],
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+) -> list[LiveConfig]:
     """One config per value of `dimension` (a label each, e.g. "32"), its keys overridden."""
     assert family in TINY_MODELS, family
     return [
-        LiveConfig(f"{family}.{dimension}={label}", family, overrides)
+        LiveConfig(f"{family}.{dimension}={label}", family, overrides, max_model_len)
         for label, overrides in values.items()
     ]
+
+
+# A config that takes requests of 8192 tokens.
+_LONG: dict[str, Any] = {"max_position_embeddings": 8192}
 
 
 def _linear_heads(key: int, value: int) -> dict[str, Any]:
@@ -54,13 +63,18 @@ VARIED: dict[str, LiveConfig] = {
         # Llama 3.x: head 128 with 8 KV heads (8B) or 1 per rank (405B at TP8); Llama 3.2 1B: 64.
         *_sweep("llama", "head_dim", {"128": {"head_dim": 128, "num_key_value_heads": 1}}),
         # Gemma 3's 1024-token window, and the edges: below (64) and at (128) the CPU default
-        # block, above the 2048 batched tokens (3000).
+        # block, above the 2048 batched tokens (3000); at 8192 tokens, so that the window
+        # plus one batch is shorter than a request and each window shows in the plan.
         *_sweep(
             "gemma3",
             "sliding_window",
-            {"64": {"sliding_window": 64}, "128": {"sliding_window": 128}},
+            {
+                "64": {"sliding_window": 64, **_LONG},
+                "128": {"sliding_window": 128, **_LONG},
+                "3000": {"sliding_window": 3000, **_LONG},
+            },
+            max_model_len=8192,
         ),
-        *_sweep("gemma3", "sliding_window", {"3000": {"sliding_window": 3000}}),
         # Phi-3-mini's 2047 is one below the batched tokens; a window under the 32-token
         # kernel block multiple.
         *_sweep("phi3", "sliding_window", {"24": {"sliding_window": 24}}),
