@@ -45,6 +45,12 @@ LOGGED = [
     ("0.32.0", "jamba.mamba_d_state=32", "cpu-amx", 2_396_745),
     ("0.32.0", "llama.head_dim=128", "cpu-amx", 1_048_576),
     ("0.27.0", "qwen3_next.head_dim=32", "cpu-amx", 2_684_108),
+    ("0.32.0", "gemma3.sliding_window=64", "cpu-amx", 871_543),  # 8,192 tokens
+    ("0.32.0", "gemma3.sliding_window=3000", "cpu-amx", 498_950),
+    ("0.32.0", "qwen3_next.linear_num_value_heads=4", "cpu-amx", 670_924),
+    ("0.32.0", "granite_4_h.mamba_d_state=64", "cpu-amx", 1_491_217),
+    ("0.32.0", "llama4.attention_chunk_size=8192", "cpu-amx", 1_048_576),
+    ("0.32.0", "nemotron_h.mamba_head_dim=128", "cpu-amx", 1_342_054),
 ]
 
 
