@@ -33,6 +33,10 @@ LOGGED = [
     ("0.29.0", "qwen3_next", "cpu-amx", 932_010),
     ("0.29.0", "deepseek_mla", "cpu-amx", 465_920),
     ("0.30.0", "granite_4_h", "cpu-amx", 1_342_054),
+    ("0.29.0", "falcon_h1", "cpu-amx", 1_118_208),
+    ("0.29.0", "granite_4_h", "cpu-amx", 1_342_054),
+    ("0.30.0", "phi3", "cpu-amx", 1_973_790),  # sliding blocks within the full page: 128
+    ("0.30.0", "gemma3", "cpu-amx", 332_222),
     ("0.31.0", "phi3", "cpu-amx", 1_973_790),
     ("0.28.0", "nemotron_h", "cpu-amx", 1_677_568),
     ("0.28.0", "jamba", "cpu-amx", 3_050_402),
