@@ -138,7 +138,7 @@ def test_an_amx_mla_log_is_planned_as_its_host_runs_it() -> None:
     assert engine.result is not None
     planned = (engine.result.platform, engine.result.capacity.block_size)
     assert planned == ("cpu-amx", 128)
-    assert known(engine.result).num_gpu_blocks == 3640
+    assert engine.result.figures.num_gpu_blocks == 3640
 
 
 def test_the_live_captures_cover_every_family_that_starts_on_both_releases() -> None:

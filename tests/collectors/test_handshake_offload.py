@@ -23,7 +23,7 @@ from exporter.exposition import build_exposition
 from exporter.handshake_wire import GroupExtra, ReadyExtras, ready_v2_message
 from exporter.state import Snapshot
 from tests.capacity.test_offload_golden import plan_record
-from tests.collectors.test_handshake import Listener
+from tests.collectors.test_handshake import Listener, private_endpoint
 from tests.conftest import GOLDEN
 from tests.plugin import standins
 from tools.handshake_data import HANDSHAKE
@@ -83,7 +83,7 @@ def ready_frames(record: dict[str, Any], **setting_changes: Any) -> list[bytes]:
 
 @pytest.fixture
 def listener(tmp_path: Path) -> Iterator[Listener]:
-    with Listener(tmp_path) as started:
+    with Listener(private_endpoint(tmp_path)) as started:
         yield started
 
 
