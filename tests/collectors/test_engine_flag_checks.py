@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from exporter.cli import parse
-from exporter.collectors.handshake import HandshakeCollector, HandshakeReceiver
+from exporter.collectors import COLLECTORS, HandshakeCollector, HandshakeReceiver
 from exporter.collectors.handshake_admission import AdmissionLimits
-from exporter.collectors.registry import COLLECTORS
 from exporter.errors import UsageError
 from exporter.state import StateStore
 
