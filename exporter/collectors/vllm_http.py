@@ -147,6 +147,7 @@ class ServerPoller:
         self.forgotten = False  # its engines were dropped after --vllm.forget-after
         self._model_config: ModelConfigRead | None = None
         self._warned: set[str] = set()  # problems logged and still present: logged once
+        self._warned_this_poll: set[str] = set()  # problems this poll saw outside its reading
         self._version: Mapping[str, Any] | None = None  # the last /version that answered
         self._command_lines = CommandLines()  # of the vLLM processes in /proc
 
@@ -158,6 +159,7 @@ class ServerPoller:
 
     def poll_once(self) -> None:
         began = time.monotonic()
+        self._warned_this_poll = set()
         try:
             documents = self.fetch_documents()
             args = self.serve_args()
@@ -184,7 +186,9 @@ class ServerPoller:
             )
         # Problems that are gone are forgotten: the set holds only today's problems (messages
         # carry figures, so it would grow over restarts), and one that comes back is logged.
-        self._warned.intersection_update(message for _, message in reading.warnings)
+        self._warned.intersection_update(
+            {message for _, message in reading.warnings} | self._warned_this_poll
+        )
         self.last_success = time.monotonic()
         self.forgotten = False
         endpoints = endpoints_from_sources(documents.kv_event_sources, self.url)
@@ -348,6 +352,7 @@ class ServerPoller:
 
     def _warn_once(self, event: str, message: str, **fields: str) -> None:
         """Log a problem the first time it is seen, not on every poll that still sees it."""
+        self._warned_this_poll.add(message)
         if message not in self._warned:
             self._warned.add(message)
             log.warning(event, target=self.url, error=message, **fields)
