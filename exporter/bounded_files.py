@@ -32,6 +32,7 @@ READ_DEADLINE_S = 2.0
 # YAML shapes: a vLLM config is a flat mapping, some values one level of lists or mappings.
 MAX_YAML_DEPTH = 32
 MAX_YAML_NODES = 10_000
+MAX_YAML_INT_CHARACTERS = 64  # digits, signs and underscores of one integer
 
 _CHUNK_BYTES = 2**16
 _KINDS = (
@@ -178,4 +179,16 @@ def _bounded_loader() -> Any:
             finally:
                 self.depth -= 1
 
+        def construct_yaml_int(self, node: Any) -> Any:
+            # YAML 1.1's base-60 integers (`1:0:0:...`) cost quadratic big-integer work in
+            # PyYAML: a 1 MiB scalar is minutes of CPU. No setting kvcap reads is one.
+            text = str(node.value)
+            if ":" in text or len(text) > MAX_YAML_INT_CHARACTERS:
+                raise FileRefused(
+                    "file_malformed",
+                    f"a YAML integer of {len(text):,} characters or in base 60, not read",
+                )
+            return super().construct_yaml_int(node)
+
+    BoundedSafeLoader.add_constructor("tag:yaml.org,2002:int", BoundedSafeLoader.construct_yaml_int)
     return BoundedSafeLoader

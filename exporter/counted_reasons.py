@@ -62,6 +62,7 @@ COLLECTOR_ERROR_REASONS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
                 "instance_conflict",
                 "token_mismatch",
                 "bye_refused",
+                "internal_error",
                 # the plugin's offload settings (collectors/handshake_offload.py)
                 "bad_offload_settings",
             }

@@ -104,7 +104,7 @@ def test_the_billion_laughs_is_refused_at_its_first_alias_in_bounded_time() -> N
         ("a: [" + ", ".join(["1"] * (MAX_YAML_NODES + 1)) + "]", "more than 10,000 YAML nodes"),
         ("a: <<: *b", "not valid YAML"),
         ("a: !!python/object:os.system x", "not valid YAML"),
-        ("a: " + "9" * 5000, "not valid YAML"),  # int() refuses 4,300+ digits
+        ("a: " + "9" * 5000, "a YAML integer of 5,000 characters"),  # not even int()ed
     ],
     ids=["deep", "too-many-nodes", "broken", "python-tag", "long-int"],
 )
@@ -141,3 +141,13 @@ def test_a_config_json_that_is_no_regular_small_file_is_a_config_error_naming_it
     assert isinstance(refused.value, FileRefused)
     expected = "file_too_large" if kind == "sparse" else "file_not_regular"
     assert refused.value.reason == expected
+
+
+def test_a_base_60_or_huge_yaml_integer_is_refused_before_it_is_computed() -> None:
+    """PyYAML's safe loader reads `1:0:0:...` as a base-60 integer, quadratic in its
+    parts: a 1 MiB scalar was minutes of CPU on the thread that reads it."""
+    with pytest.raises(FileRefused, match="base 60"):
+        load_yaml("max-model-len: " + ":".join(["1"] * 200_000))
+    with pytest.raises(FileRefused, match="base 60"):
+        load_yaml("max-model-len: " + "9" * 100)
+    assert load_yaml("max-model-len: 8192\nport: 0x1F") == {"max-model-len": 8192, "port": 31}

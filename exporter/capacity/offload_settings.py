@@ -95,7 +95,7 @@ def offload_settings(
             f"(kvcap models {', '.join(sorted(NATIVE_CONNECTORS | LMCACHE_CONNECTORS))})"
         )
     raw = extra.get("cpu_bytes_to_use")
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not _finite(raw):
         raise UsageError(
             "--kv-transfer-config: the OffloadingConnector needs a number "
             "kv_connector_extra_config.cpu_bytes_to_use"
@@ -153,3 +153,12 @@ def _positive(extra: Mapping[str, Any], key: str) -> int | None:
             f"number from 1 to {1 << 20}, got {str(value)[:40]}"
         )
     return value
+
+
+def _finite(number: float) -> bool:
+    """math.isfinite, and False for an integer past any float (JSON allows hundreds of
+    digits; isfinite raises OverflowError on them)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False

@@ -375,7 +375,16 @@ class HandshakeCollector:
                     NAME, self.receiver.endpoint, "wrong_frame_count", f"{count} frames"
                 )
             else:
-                self.receiver.handle(frames)
+                try:
+                    self.receiver.handle(frames)
+                except Exception as error:  # a bug must not end the thread and its sweeps
+                    log.exception("collector_internal_error", endpoint=self.receiver.endpoint)
+                    self.receiver.sink.reject(
+                        NAME,
+                        self.receiver.endpoint,
+                        "internal_error",
+                        f"{type(error).__name__}: {str(error)[:200]}",
+                    )
         return True
 
     def stop(self, timeout_s: float) -> None:

@@ -70,7 +70,9 @@ def _vllm_processes(proc: Path) -> Iterator[tuple[int | None, Path, list[str]]]:
         return
     for entry in sorted(entries, key=lambda p: int(p.name)):
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            with (entry / "cmdline").open("rb") as cmdline:
+                # The kernel's own limit on arguments and environment together.
+                argv = cmdline.read(MAX_ENVIRON_BYTES).split(b"\0")
         except OSError:
             continue
         words = [w.decode("utf-8", "replace") for w in argv if w]

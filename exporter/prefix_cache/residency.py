@@ -34,6 +34,10 @@ DEFAULT_MEDIUM: Final = "GPU"  # releases before 0.10.2 name no medium: their bl
 # Media per engine kvcap tracks; vLLM has three (GPU, CPU, STORAGE). A stream naming more
 # is not a real engine, and each medium is a label value.
 MAX_MEDIA: Final = 4
+# Blocks one medium of an engine may hold, whatever pool it announces: a real pool is far
+# smaller (an H200 full of a small model's 16-token blocks: ~520 k), and a handshake peer may
+# announce up to 2**48.
+MAX_POOL_BLOCKS: Final = 2**21
 # Blocks of one engine, over all its groups and media, while its pool size is not known:
 # ~30 MiB at ~119 B a block (docs/reliability.md).
 DEFAULT_MAX_BLOCKS: Final = 2**18
@@ -151,8 +155,11 @@ class EngineResidency:
         if not self.pool_blocks:
             return None
         if medium == DEFAULT_MEDIUM:
-            return self.pool_blocks
-        return self.tier_blocks.get(medium, self.pool_blocks)
+            bound = self.pool_blocks
+        else:
+            bound = self.tier_blocks.get(medium, self.pool_blocks)
+        # The pool is what the engine (or a peer posing as it) says: never past the ceiling.
+        return min(bound, MAX_POOL_BLOCKS)
 
     def take_bound_hits(self) -> dict[str, int]:
         hits, self.bound_hits = self.bound_hits, {}
@@ -267,7 +274,8 @@ class EngineResidency:
             total_s += seconds
         lifetimes.sum_s += total_s
         pool.removed_total += len(hashes) - unknown
-        self._resident[medium] -= len(hashes) - unknown
+        # get: a clear or a restart empties the counts, and a removal may come first.
+        self._resident[medium] = self._resident.get(medium, 0) - (len(hashes) - unknown)
         if unknown:
             self.drop("unknown_block", unknown)
 

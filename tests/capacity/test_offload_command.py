@@ -117,6 +117,14 @@ def test_lmcache_tier_from_its_variables(capsys: pytest.CaptureFixture[str]) -> 
             "--kv-transfer-config",
         ),
         (["--kv-transfer-config", '{"a": "' + "x" * 20_000 + '"}'], "--kv-transfer-config"),
+        (  # an integer past any float: math.isfinite raised OverflowError (a traceback)
+            [
+                "--kv-transfer-config",
+                '{"kv_connector": "OffloadingConnector", "kv_connector_extra_config": '
+                '{"cpu_bytes_to_use": 1' + "0" * 400 + "}}",
+            ],
+            "--kv-transfer-config",
+        ),
     ],
 )
 def test_bad_offload_input_is_one_line_naming_the_flag_exit_2(

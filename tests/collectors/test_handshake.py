@@ -175,3 +175,32 @@ def test_message_floods_are_dropped_and_counted(tmp_path: Path) -> None:
             lambda s: len(s.engines) + s.errors.get(("handshake", "rate_limited"), 0) == 50
         )
         assert len(listener.store.snapshot().engines) <= 11
+
+
+def test_a_bug_in_handling_one_message_is_counted_and_the_thread_goes_on(
+    listener: Listener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception the receiver does not expect (a bug, not bad input) ended the
+    receiving thread: no sweeps, no engines after it. Now it is one `internal_error` and
+    the next message is applied."""
+    deployment = load(DEPLOYMENTS[0])
+    frame, engine = deployment["frames"][0], deployment["engines"][0]
+    message = ready_message(
+        (HANDSHAKE / frame["file"]).read_bytes(), recorded_extras(deployment, engine)
+    )
+    assert listener.source.receiver is not None
+    receiver = listener.source.receiver
+    handle = receiver.handle
+    calls: list[int] = []
+
+    def failing_once(frames: list[bytes]) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        handle(frames)
+
+    monkeypatch.setattr(receiver, "handle", failing_once)
+    listener.send(message)
+    listener.wait_for(lambda s: s.errors.get(("handshake", "internal_error")) == 1)
+    listener.send(message)
+    listener.wait_for(lambda s: len(s.engines) == 1)

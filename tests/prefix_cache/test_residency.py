@@ -7,6 +7,7 @@ import pytest
 
 from exporter.kv_events_wire import MalformedBatch, decode_batch
 from exporter.prefix_cache import LIFETIME_BUCKETS_S, EngineResidency
+from exporter.prefix_cache.residency import MAX_POOL_BLOCKS
 from tests.kv_events_data import (
     EVICTIONS,
     LIVE_BLOCK_SIZE,
@@ -191,3 +192,28 @@ def test_media_are_bounded() -> None:
     view = residency.view()
     assert len({p.medium for p in view.pools}) == 4
     assert view.dropped_total == {"too_many_media": 6}
+
+
+def test_a_removal_after_a_clear_before_any_store_is_counted_not_raised() -> None:
+    """A clear (or a restart) empties the per-medium counts; a removal of that medium that
+    comes before its next store (a CPU-tier eviction after a GPU reset) was a KeyError
+    that left the batch half applied."""
+    residency = EngineResidency("0")
+    batch = [1.0, [stored([1, 2], 0, "CPU")]]
+    residency.apply(decode_batch(msgspec.msgpack.encode(batch)))
+    residency.apply(decode_batch(msgspec.msgpack.encode([2.0, [{"type": "AllBlocksCleared"}]])))
+    removed = {"type": "BlockRemoved", "block_hashes": [1, 2], "medium": "CPU"}
+    residency.apply(decode_batch(msgspec.msgpack.encode([3.0, [removed]])))
+    assert resident(residency) == 0
+    assert residency.view().dropped_total == {"unknown_block": 2}
+
+
+def test_an_announced_pool_past_the_ceiling_bounds_at_the_ceiling() -> None:
+    """The pool is what a handshake peer says (up to 2**48 blocks): the residency of a
+    medium never passes MAX_POOL_BLOCKS, whatever is announced."""
+    residency = EngineResidency("0")
+    residency.set_pool_blocks(2**48, {"cpu": 2**50})
+    assert residency.medium_bound("GPU") == MAX_POOL_BLOCKS
+    assert residency.medium_bound("CPU") == MAX_POOL_BLOCKS
+    residency.set_pool_blocks(1_000, {"cpu": 3_000})
+    assert (residency.medium_bound("GPU"), residency.medium_bound("CPU")) == (1_000, 3_000)
