@@ -8,10 +8,13 @@ snapshot's engines to `engines_changed`, with the restarts the state noticed. A 
 gap is filled from the engine's replay endpoint when it has one; else the residency is
 marked approximate until an AllBlocksCleared or a restart.
 
-Discovered endpoints are followed only for engines the state knows and holds fresh, one
-per engine: a new endpoint replaces the engine's old subscription, and a stale or
-forgotten engine's is closed. A socket that cannot be made (no file descriptors left) is
-a counted error, tried again on a later tick; nothing a publisher does ends the thread.
+Discovered endpoints are followed only for engines the state knows, one per engine: a new
+endpoint replaces the engine's old subscription, and a forgotten engine's is closed. A
+stale engine's is kept: libzmq reconnects by itself when the engine comes back (a
+restarted vLLM publishes its first batches before its API answers a poll again), and the
+state forgets a stale engine after its collector's forget-after. A socket that cannot be
+made (no file descriptors left) is a counted error, tried again on a later tick; nothing a
+publisher does ends the thread.
 """
 
 from __future__ import annotations
@@ -195,12 +198,10 @@ class KvEventsCollector:
                 sink.fail(NAME, subscription.endpoint.endpoint, "not_connected", "no publisher")
 
     def _follow(self, hints: Mapping[str, EngineHint], sink: StateSink) -> None:
-        """One subscription per known, live engine that names an endpoint; the others'
-        closed (an engine whose endpoint moved, went stale or was forgotten)."""
+        """One subscription per known engine that names an endpoint; the others' closed
+        (an engine whose endpoint moved, or that was forgotten)."""
         wanted = {
-            engine: hint.kv_events
-            for engine, hint in hints.items()
-            if hint.kv_events is not None and hint.live
+            engine: hint.kv_events for engine, hint in hints.items() if hint.kv_events is not None
         }
         for engine, followed in list(self._discovered.items()):
             still = wanted.get(engine)

@@ -20,7 +20,6 @@ class EngineHint:
     restarts: int  # restarts the state noticed so far
     kv_events: KvEventsEndpoint | None
     tier_blocks: dict[str, int] | None = None  # offload medium -> its blocks, where known
-    live: bool = True  # not stale
 
 
 def engine_hints(snapshot: Snapshot) -> dict[str, EngineHint]:
@@ -30,7 +29,6 @@ def engine_hints(snapshot: Snapshot) -> dict[str, EngineHint]:
             snapshot.restarts.get(view.engine, 0),
             view.kv_events,
             {t.medium: t.capacity_blocks for t in view.offload if t.capacity_blocks},
-            not view.stale,
         )
         for view in snapshot.engines
     }

@@ -38,7 +38,6 @@ LOGGER = "kvcap.kv_events"
 # each, all in the daemon's RSS: 1,000 batches of 270 KB were 128 MiB, 32 are 8 MiB.
 SUBSCRIPTION_RCVHWM = 32
 _READ_PER_TURN = 256
-_RECONNECT_IVL_MAX_MS = 5_000
 DEFAULT_MAX_SUBSCRIPTIONS = 128
 DEFAULT_MAX_REPLAYS = 64
 DEFAULT_MAX_STREAM_BYTES_PER_S = 8 * 2**20
@@ -139,8 +138,9 @@ class Subscription:
             socket.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
             socket.setsockopt(zmq.RCVHWM, SUBSCRIPTION_RCVHWM)
             socket.setsockopt(zmq.LINGER, 0)
-            # A publisher that stays away is retried ever less often (not every 100 ms).
-            socket.setsockopt(zmq.RECONNECT_IVL_MAX, _RECONNECT_IVL_MAX_MS)
+            # libzmq's own reconnect every 100 ms, not backed off: a restarted vLLM publishes
+            # its first batches as soon as it answers, and a later connect loses them (a
+            # 5 s back-off lost a live engine's whole first request).
             socket.setsockopt(zmq.SUBSCRIBE, b"")
             monitor = socket.get_monitor_socket(_MONITORED)
         except zmq.ZMQError:
