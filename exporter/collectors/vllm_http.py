@@ -166,7 +166,7 @@ class ServerPoller:
             reading = read_server(
                 documents,
                 args,
-                self.deriver(documents),
+                self.deriver(documents, args),
                 self.settings.platform,
                 max_engines=self.max_engines(args),
             )
@@ -271,7 +271,7 @@ class ServerPoller:
         size = explicit.data_parallel_size if explicit is not None else None
         return size if size else DEFAULT_MAX_ENGINES
 
-    def deriver(self, documents: ServerDocuments) -> Deriver | None:
+    def deriver(self, documents: ServerDocuments, args: VllmServeArgs | None) -> Deriver | None:
         """The capacity model for the served model: --model.config, else /v1/models `root`
         when it is a local directory this container can read (a shared volume).
 
@@ -288,7 +288,7 @@ class ServerPoller:
             ):
                 path = Path(root)
         if path is None:
-            found = self._hf_cache_model(documents)
+            found = self._hf_cache_model(documents, args)
             if isinstance(found, _NotFound):
                 return unreadable_config_deriver(found.message)
             path = found
@@ -300,13 +300,15 @@ class ServerPoller:
             read = self._model_config = self._read_model_config(path, version, replacing=read)
         return read.derive
 
-    def _hf_cache_model(self, documents: ServerDocuments) -> Path | _NotFound | None:
+    def _hf_cache_model(
+        self, documents: ServerDocuments, args: VllmServeArgs | None
+    ) -> Path | _NotFound | None:
         """A Hugging Face model id (the served model, else /v1/models root) found in the HF
         cache vLLM uses: HF_HUB_CACHE / HF_HOME of the vLLM process where its environment
         can be read (a shared process namespace, the same user), then this container's.
         None when it names no id; an id not found is said once, with where it looked, and
-        derives nothing (each engine's derivation_error says so too)."""
-        args = self.serve_args()
+        derives nothing (each engine's derivation_error says so too). `args`: this poll's
+        serve_args(), not discovered again."""
         names = [args.model if args else None, served_model(documents.models).get("root")]
         vllm_environ = discover_hf_environ(port=_url_port(self.url))
         environs = [vllm_environ, os.environ] if vllm_environ else [os.environ]

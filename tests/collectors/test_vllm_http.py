@@ -342,7 +342,7 @@ def test_the_model_config_is_read_again_only_when_it_changes(tmp_path: Path) -> 
     poller = ServerPoller("http://unused", settings, fetch, StateStore(), threading.Event())
     documents = ServerDocuments(metrics="")
     engine = EngineSettings(tensor_parallel_size=2, max_model_len=4096)
-    gemma = poller.deriver(documents)
+    gemma = poller.deriver(documents, None)
     assert gemma is not None
     # Gemma 3 has sliding-window layers, Llama 3.1 none.
     assert {g.kind for g in gemma(engine, 20_000).capacity.groups} == {
@@ -350,29 +350,29 @@ def test_the_model_config_is_read_again_only_when_it_changes(tmp_path: Path) -> 
         "sliding_window",
     }
     # Unchanged: the same deriver, with the derivations it has cached.
-    assert poller.deriver(documents) is gemma
+    assert poller.deriver(documents, None) is gemma
     # Rewritten with the same content (a new inode and times): still the same deriver.
     same = tmp_path / "config.json.same"
     same.write_text(config.read_text())
     same.rename(config)
     with capture_logs() as logs:
-        assert poller.deriver(documents) is gemma
+        assert poller.deriver(documents, None) is gemma
     assert logs == []
     # Replaced (a new file renamed over it): read again.
     replacement = tmp_path / "config.json.new"
     replacement.write_text(json.dumps(example_config("llama-3.1-8b")))
     replacement.rename(config)
-    llama = poller.deriver(documents)
+    llama = poller.deriver(documents, None)
     assert llama is not None
     assert llama is not gemma
     assert {g.kind for g in llama(engine, 20_000).capacity.groups} == {"full_attention"}
     # Unreadable: every derivation fails, saying why.
     config.unlink()
-    unreadable = poller.deriver(documents)
+    unreadable = poller.deriver(documents, None)
     assert unreadable is not None
     with pytest.raises(ConfigError, match=re.escape(f"cannot read {config}: No such file")):
         unreadable(engine, 20_000)
-    assert poller.deriver(documents) is unreadable
+    assert poller.deriver(documents, None) is unreadable
 
 
 def test_a_derivation_problem_is_logged_once_while_it_lasts_and_again_when_it_returns() -> None:

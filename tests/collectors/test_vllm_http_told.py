@@ -213,6 +213,37 @@ def test_a_hugging_face_id_found_through_the_vllm_process_environment(
     }
 
 
+def test_a_poll_looks_for_the_vllm_command_line_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A served Hugging Face id, found through the vLLM process in /proc: the poll that
+    looks it up in the cache uses the command line it found, not a second walk of /proc."""
+    local = simulated_deployment(tmp_path / "local")
+    home = tmp_path / "models" / "huggingface"
+    _cache_gemma(home / "hub", local)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    simulation = dataclasses.replace(local, model_path="google/gemma-3-27b-it", engines={})
+    url = simulation.start()
+    proc = tmp_path / "proc"
+    port = int(url.rpartition(":")[2])
+    argv = ["vllm", "serve", "google/gemma-3-27b-it", "--port", str(port)]
+    _fake_vllm_process(proc, 17, argv, {})
+    walks = []
+
+    def discover(port: int | None = None, **kwargs: object) -> object:
+        walks.append(port)
+        return vllm_processes.discover_serve_args(proc, port, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(vllm_http, "discover_serve_args", discover)
+    try:
+        settings = VllmHttpSettings(urls=(url,))
+        ServerPoller(url, settings, fetch, StateStore(), threading.Event()).poll_once()
+    finally:
+        simulation.stop()
+    assert walks == [port]
+
+
 def test_a_hugging_face_id_not_in_the_cache_says_where_kvcap_looked_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
