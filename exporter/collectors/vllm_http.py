@@ -146,8 +146,7 @@ class ServerPoller:
         self.last_success = time.monotonic()
         self.forgotten = False  # its engines were dropped after --vllm.forget-after
         self._model_config: ModelConfigRead | None = None
-        self._warned: set[str] = set()  # problems logged and still present: logged once
-        self._warned_this_poll: set[str] = set()  # problems this poll saw outside its reading
+        self._problems = ProblemsLogged(url)
         self._version: Mapping[str, Any] | None = None  # the last /version that answered
         self._command_lines = CommandLines()  # of the vLLM processes in /proc
 
@@ -159,7 +158,7 @@ class ServerPoller:
 
     def poll_once(self) -> None:
         began = time.monotonic()
-        self._warned_this_poll = set()
+        self._problems.new_poll()
         try:
             documents = self.fetch_documents()
             args = self.serve_args()
@@ -181,14 +180,10 @@ class ServerPoller:
             self._failed("internal_error", f"{type(error).__name__}: {error}", began)
             return
         for reason, message in reading.warnings:
-            self._warn_once(
+            self._problems.warn(
                 _WARNING_EVENTS.get(reason, "capacity_not_derived"), message, reason=reason
             )
-        # Problems that are gone are forgotten: the set holds only today's problems (messages
-        # carry figures, so it would grow over restarts), and one that comes back is logged.
-        self._warned.intersection_update(
-            {message for _, message in reading.warnings} | self._warned_this_poll
-        )
+        self._problems.forget_gone()
         self.last_success = time.monotonic()
         self.forgotten = False
         endpoints = endpoints_from_sources(documents.kv_event_sources, self.url)
@@ -256,7 +251,7 @@ class ServerPoller:
             # Once per version of the file: the engines are reported, not derived. The
             # rejection is the one log line; each engine's derivation error says it again.
             self.sink.reject(NAME, self.url, refusal.reason, str(refusal))
-            self._warned.add(settings_refused(str(refusal)))
+            self._problems.logged_elsewhere(settings_refused(str(refusal)))
         self._command_lines.refused.clear()
         return found
 
@@ -327,7 +322,7 @@ class ServerPoller:
         if not failures:
             return None
         message = "; ".join(failures)
-        self._warn_once("model_config_not_found", message)
+        self._problems.warn("model_config_not_found", message)
         return _NotFound(message)
 
     def _read_model_config(
@@ -339,10 +334,10 @@ class ServerPoller:
             config = load_model_config(path)
         except FileRefused as error:  # read once per version of the file: counted once
             self.sink.reject(NAME, self.url, error.reason, str(error))
-            self._warned.add(str(error))  # the rejection is its log line
+            self._problems.logged_elsewhere(str(error))  # the rejection is its log line
             return ModelConfigRead(path, version, unreadable_config_deriver(str(error)))
         except ConfigError as error:
-            self._warn_once("model_config_unreadable", str(error), path=str(path))
+            self._problems.warn("model_config_unreadable", str(error), path=str(path))
             return ModelConfigRead(path, version, unreadable_config_deriver(str(error)))
         if replacing is not None and replacing.path == path and replacing.config == config:
             # Touched, not changed (or a file system whose inodes and times move on their
@@ -352,12 +347,37 @@ class ServerPoller:
             log.info("model_config_read", target=self.url, path=str(path))
         return ModelConfigRead(path, version, cached_deriver(config), config)
 
-    def _warn_once(self, event: str, message: str, **fields: str) -> None:
-        """Log a problem the first time it is seen, not on every poll that still sees it."""
-        self._warned_this_poll.add(message)
-        if message not in self._warned:
-            self._warned.add(message)
-            log.warning(event, target=self.url, error=message, **fields)
+
+class ProblemsLogged:
+    """The problems of one server's polls, each logged the first time a poll sees it, not
+    on every poll that still sees it; one that goes away and comes back is logged again.
+
+    Every problem a poll sees passes through `warn`, so the poll's problems are gathered in
+    one place; after a good poll, those it did not see are forgotten (messages carry figures,
+    so the book would grow over restarts)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._logged: set[str] = set()  # logged and not gone since
+        self._seen: set[str] = set()  # by the poll under way
+
+    def new_poll(self) -> None:
+        self._seen = set()
+
+    def warn(self, event: str, message: str, **fields: str) -> None:
+        self._seen.add(message)
+        if message not in self._logged:
+            self._logged.add(message)
+            log.warning(event, target=self.target, error=message, **fields)
+
+    def logged_elsewhere(self, message: str) -> None:
+        """A problem whose log line is another's (a rejection the state logs): the warnings
+        of this poll that repeat it are not logged again."""
+        self._logged.add(message)
+
+    def forget_gone(self) -> None:
+        """After a good poll: the problems it did not see are gone."""
+        self._logged &= self._seen
 
 
 @dataclass(frozen=True)
