@@ -6,9 +6,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from exporter.collectors.parsing import (
     to_engine_settings,
     without_launcher,
 )
+from exporter.collectors.parsing.vllm_args import leading_assignments
 from exporter.errors import ConfigError, UsageError
 from exporter.model_config import ResolvedModel, load_model_config, resolve_model
 
@@ -87,7 +87,7 @@ def vllm_command(
     tokens: list[str] = []
     assignments: list[str] = []  # `NAME=value` before the launcher: read as vLLM's environment
     for source in (_split(args.vllm_command) if args.vllm_command else [], args.vllm_tail or []):
-        leading = _leading_assignments(source)
+        leading = leading_assignments(source)
         assignments += source[:leading]
         tokens += without_launcher(list(source[leading:]))
     tokens += list(args.vllm_tokens or [])
@@ -98,17 +98,6 @@ def vllm_command(
     if parsed.model is None and legacy_model is not None:
         parsed = dataclasses.replace(parsed, model=legacy_model)
     return parsed
-
-
-def _leading_assignments(tokens: Sequence[str]) -> int:
-    """How many `NAME=value` shell assignments start the command line."""
-    count = 0
-    while count < len(tokens) and _ASSIGNMENT.fullmatch(tokens[count]):
-        count += 1
-    return count
-
-
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.DOTALL)
 
 
 def _split(text: str) -> list[str]:

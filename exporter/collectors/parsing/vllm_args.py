@@ -144,18 +144,25 @@ _ENVIRONMENT = {
 # serve ...`); more than this many are not a command line a person wrote.
 LMCACHE_PREFIX = "LMCACHE_"
 MAX_LMCACHE_VARIABLES = 64
-_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.DOTALL)
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.DOTALL)
+
+
+def leading_assignments(tokens: Sequence[str]) -> int:
+    """How many shell assignments (`NAME=value`) start the command line."""
+    count = 0
+    while count < len(tokens) and _ASSIGNMENT.fullmatch(tokens[count]):
+        count += 1
+    return count
 
 
 def _environment(tokens: list[str]) -> tuple[dict[str, Any], list[str]]:
     """Leading shell assignments (`NAME=value vllm serve ...`): the known ones, read as
     vLLM reads them (an integer, 0 off), and the tokens after them."""
     values: dict[str, Any] = {}
-    index = 0
+    count = leading_assignments(tokens)
     lmcache: list[tuple[str, str]] = []
-    while index < len(tokens) and (match := _ASSIGNMENT.fullmatch(tokens[index])):
-        index += 1
-        name, text = match.groups()
+    for assignment in tokens[:count]:
+        name, _, text = assignment.partition("=")  # a name holds no "="
         if name.startswith(LMCACHE_PREFIX) and len(lmcache) < MAX_LMCACHE_VARIABLES:
             lmcache.append((name[:64], text[:256]))
         if name not in _ENVIRONMENT:
@@ -166,7 +173,7 @@ def _environment(tokens: list[str]) -> tuple[dict[str, Any], list[str]]:
             raise UsageError(f"{name} must be an integer (0 or 1), got {text!r}") from None
     if lmcache:
         values["lmcache_env"] = tuple(lmcache)
-    return values, tokens[index:]
+    return values, tokens[count:]
 
 
 def _parse_tokens(tokens: list[str], accepted: Callable[[str], str] | None) -> VllmServeArgs:
