@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.capacity.platforms import CPU_AMX
 from exporter.merging import alike_fields
 
 # The longest `non-default args: {...}` dict read (a Python literal: evaluated, never run).
@@ -263,7 +264,7 @@ def _read_identity(r: _Reader, number: int, message: str) -> None:
     if r.max_num_batched_tokens is None and (match := _BATCHED.search(message)):
         r.max_num_batched_tokens = int(match["n"])
     if _AMX_MLA.search(message):
-        r.platform = "cpu-amx"
+        r.platform = CPU_AMX
     if _SSM_FLOAT32.search(message):
         r.ssm_state_float32 = True
     if match := _ATTENTION_BLOCK.search(message):

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
-from exporter.capacity import EngineSettings, ReleaseRules, parse_version, release_rules
+from exporter.capacity import (
+    CPU,
+    CUDA,
+    PLATFORMS,
+    EngineSettings,
+    ReleaseRules,
+    parse_version,
+    release_rules,
+)
 from exporter.capacity.startup_log import StartupLog, WorkerMemory, parse_startup_log
 from exporter.capacity_cli.log_explanation import (
     engine_document,
@@ -167,9 +175,9 @@ def _no_capacity(log: StartupLog, source: str, count: int) -> str:
 
 def _platform(log: StartupLog) -> str:
     devices = {e.device for e in log.engines if e.device}
-    if log.platform in ("cpu", "cpu-amx", "cuda"):
+    if log.platform in PLATFORMS:
         return log.platform
-    return "cpu" if devices == {"CPU"} else "cuda"
+    return CPU if devices == {"CPU"} else CUDA
 
 
 def _model(log: StartupLog, given: str | None) -> tuple[ResolvedModel, Mapping[str, Any]]:
