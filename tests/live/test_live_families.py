@@ -98,7 +98,9 @@ def test_release_refuses_family_on_cpu(
     case: tuple[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     release, model = case
-    refused = observe(release, model, tmp_path_factory.mktemp(f"refused-{release}-{model}"))
+    refused = observe(
+        release, CONFIG_SETS["all"][model], tmp_path_factory.mktemp(f"refused-{release}-{model}")
+    )
     if os.environ.get("KVCAP_LIVE_ROWS"):
         dump_row(refused, Path(os.environ["KVCAP_LIVE_ROWS"]))
     assert not refused.started, refused

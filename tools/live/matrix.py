@@ -32,7 +32,7 @@ from typing import Any
 from tools.live.models import TINY_MODELS, write_model
 from tools.live.server import VllmServer, error_line
 from tools.live.sidecar import Sidecar, wait_for
-from tools.live.varied import CONFIG_SETS, LiveConfig, family_config
+from tools.live.varied import CONFIG_SETS, LiveConfig
 from tools.live.vllm_install import MATRIX_RELEASES, vllm_python
 from tools.probe import parse
 
@@ -73,11 +73,9 @@ class Row:
         )
 
 
-def observe(release: str, config: str | LiveConfig, workdir: Path) -> Row:
-    """Start `config` (a family's name, or a varied config) on `release` with a kvcap
-    sidecar beside it; what both show. The row's `model` is the config's name."""
-    if isinstance(config, str):
-        config = family_config(config)
+def observe(release: str, config: LiveConfig, workdir: Path) -> Row:
+    """Start `config` (a family's, or a varied one) on `release` with a kvcap sidecar
+    beside it; what both show. The row's `model` is the config's name."""
     model = config.name
     model_dir = write_model(workdir, config.family, **config.overrides)
     server = VllmServer(
