@@ -28,8 +28,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from exporter.capacity import (
-    CPU,
-    CPU_AMX,
     PLATFORMS,
     CapacityResult,
     EngineCapacity,
@@ -448,7 +446,7 @@ def choose_platform(
         r for r in results if reported is None or r.capacity.block_size == reported
     ] or results
     if len(matching) > 1 and info is not None and _cpu_only_labels(info, memory_flag, ssm_flag):
-        matching = [r for r in matching if r.platform in (CPU, CPU_AMX)] or matching
+        matching = [r for r in matching if PLATFORMS[r.platform].is_cpu] or matching
     return matching[0]
 
 
