@@ -74,11 +74,11 @@ def check_fits(
     wording: MemoryCheckWording,
 ) -> None:
     """vLLM's startup check on one worker, on the bytes its release counts as usable."""
-    new = wording == "cpu_note"
+    notes_cpu_backend = wording == "cpu_note"  # the wording from vLLM 0.22 on
     if usable_bytes <= 0:
         flag_note = (
             " (this flag also controls CPU memory reservation on the CPU backend, despite its name)"
-            if new
+            if notes_cpu_backend
             else ""
         )
         raise DoesNotFit(
@@ -95,8 +95,8 @@ def check_fits(
         if estimate > 0
         else ""
     )
-    whose = "model's" if new else "models's"
-    cpu_note = " (which also controls CPU memory on the CPU backend)" if new else ""
+    whose = "model's" if notes_cpu_backend else "models's"
+    cpu_note = " (which also controls CPU memory on the CPU backend)" if notes_cpu_backend else ""
     raise DoesNotFit(
         f"To serve at least one request with the {whose} max seq len ({max_model_len}), "
         f"({_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache "
