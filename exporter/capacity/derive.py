@@ -294,11 +294,14 @@ def _plan_blocks(
     def needed(bytes_per_block: int) -> Callable[[int], int]:
         return lambda length: bytes_per_block * blocks_per_request(checked, limits(length))
 
-    # A known block count stands for the memory it fills (the override: from the release
-    # that sizes the checks by it); workers with no layers hold nothing.
+    # A known block count stands for the memory it fills; workers with no layers hold
+    # nothing. The override does so from the release that sizes the checks by it; before,
+    # it replaced the block count after the checks, fitting or not.
     rules = r.release_rules
     override = settings.num_gpu_blocks_override
-    sizing_override = override if rules.override_sizes_memory else None
+    sizing_override, replacing_override = (
+        (override, None) if rules.override_sizes_memory else (None, override)
+    )
     fixed_blocks = sizing_override or num_gpu_blocks
     workers_measured = not fixed_blocks and available_kv_bytes_per_worker is not None
     workers = [
@@ -319,22 +322,21 @@ def _plan_blocks(
         if max_model_len == 0:
             raise auto_fit_failure()
     # Before 0.20.1 the check used the measured memory, not the override's: unknown here.
-    unchecked = bool(override) and not rules.override_sizes_memory and not workers_measured
-    for bpb, available in [] if unchecked else workers:
-        check_fits(
-            max_model_len=max_model_len,
-            usable_bytes=usable(bpb, available),
-            needed_bytes=needed(bpb),
-            wording=rules.memory_check_wording,
-        )
+    if not replacing_override or workers_measured:
+        for bpb, available in workers:
+            check_fits(
+                max_model_len=max_model_len,
+                usable_bytes=usable(bpb, available),
+                needed_bytes=needed(bpb),
+                wording=rules.memory_check_wording,
+            )
     num_blocks = min(available // bpb for bpb, available in workers)
     return _Plan(
         stages=stages,
         worker_bytes=worker_bytes,
         batched_tokens=batched_tokens,
         max_model_len=max_model_len,
-        # Before, the override replaced the block count after the checks, fitting or not.
-        num_blocks=override if override and not rules.override_sizes_memory else num_blocks,
+        num_blocks=replacing_override or num_blocks,
         request_limits=limits(max_model_len),
     )
 
