@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import pytest
 
 from exporter.capacity.weights import ParallelLayout, _pp_indices, weights_per_worker
 from exporter.capacity.weights_quantization import parse_quantization
+from exporter.capacity_cli import checkpoint_index
 from exporter.capacity_cli.inputs import binding_worker_weights
 from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
 from exporter.errors import ConfigError
@@ -214,6 +217,45 @@ def test_the_checkpoint_total_is_quoted_and_is_the_fallback(tmp_path: Path) -> N
     assert not fallback.exact  # a checkpoint's total split evenly is not what vLLM allocates
     assert "split evenly over 2 worker(s)" in fallback.source
     assert "not modelled" in fallback.source
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge", "deep", "not_json", "wrong_shape"])
+def test_a_hostile_checkpoint_index_is_no_total_and_never_waited_on(
+    tmp_path: Path, kind: str
+) -> None:
+    """The index is a file of the model folder kvcap did not choose: a FIFO (open() would
+    wait for a writer for good), a device, one past MAX_INDEX_BYTES, or a document not of
+    its shape gives no checkpoint total; the computed share stands alone."""
+    model = _folder(tmp_path, _config("llama-3.1-8b"))
+    index = tmp_path / "model.safetensors.index.json"
+    if kind == "fifo":
+        os.mkfifo(index)
+    elif kind == "device":
+        index.symlink_to("/dev/zero")
+    elif kind == "huge":
+        with index.open("wb") as sparse:  # no disk: a hole past the cap
+            sparse.truncate(checkpoint_index.MAX_INDEX_BYTES + 1)
+    elif kind == "deep":
+        index.write_text('{"metadata": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    elif kind == "not_json":
+        index.write_bytes(b"\xff{not json")
+    else:
+        index.write_text(json.dumps({"metadata": {"total_size": "16 GB"}}))
+    vllm = parse_vllm_serve_args(["serve", str(tmp_path), "-tp", "2"])
+    found: list[Any] = []
+    reader = threading.Thread(
+        target=lambda: found.append(
+            binding_worker_weights(
+                model, load_model_config(model.config_file), to_engine_settings(vllm), vllm
+            )
+        ),
+        daemon=True,
+    )
+    reader.start()
+    reader.join(10)  # on a thread: a read that waits on the FIFO fails instead of hanging
+    assert len(found) == 1, "the index read did not return"
+    assert found[0].checkpoint_total_bytes is None
+    assert found[0].bytes_per_worker == 8_064_082_432
 
 
 @pytest.mark.parametrize(
