@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from exporter.capacity import CUDA, PLATFORMS, derive_capacity, run_case
+from exporter.capacity import CUDA, PLATFORMS, derive_capacity, error_to_json, run_case
 from exporter.capacity.serve_flags import accepted_flags
 from exporter.capacity_cli import explain_log
 from exporter.capacity_cli.cases import BadLine, case_records
@@ -30,7 +30,7 @@ from exporter.capacity_cli.report import (
     used_text,
 )
 from exporter.capacity_cli.sweep import Axis, combinations, parse_axis, sweep_text
-from exporter.errors import DoesNotFit, KvcapError
+from exporter.errors import ConfigError, DoesNotFit, KvcapError
 from exporter.flags import Flags, positive_int, size
 
 VLLM_FLAGS_HELP = (
@@ -290,7 +290,7 @@ def _run_batch(path: Path, out: TextIO) -> int:
     the bounds of capacity_cli.cases is an error line, and the batch goes on."""
     for record in case_records(path):
         if isinstance(record, BadLine):
-            error = {"type": "ConfigError", "kvcap_type": "ConfigError", "message": record.message}
+            error = error_to_json(ConfigError(record.message))
             output: dict[str, Any] = {"id": None, "error": error}
         else:
             output = run_case(record)

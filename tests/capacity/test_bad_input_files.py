@@ -91,6 +91,9 @@ def test_each_bad_cases_line_is_one_error_line_and_the_batch_goes_on(tmp_path: P
     assert "line 3 is not valid JSON: an integer of 5,000 digits" in messages[2]
     assert messages[3] == "line 4 is longer than 2 MiB, the most kvcap reads of a case"
     assert messages[4].startswith("line 5 is not valid JSON: ")
+    assert {
+        (line["id"], line["error"]["type"], line["error"]["kvcap_type"]) for line in lines[1:5]
+    } == {(None, "ConfigError", "ConfigError")}
     assert result.peak_rss_mib < MAX_RSS_MIB
 
 
