@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from exporter.bounded_files import FileRefused, read_vllm_config
 from exporter.collectors.parsing import VllmServeArgs, parse_vllm_serve_args
@@ -15,6 +16,7 @@ from exporter.model_config import file_version
 
 # `vllm serve --port`'s default.
 VLLM_DEFAULT_PORT = 8000
+_Process = TypeVar("_Process")  # what is known of a vLLM process: its arguments, its entry
 
 
 def discover_serve_args(
@@ -28,10 +30,13 @@ def discover_serve_args(
     command line names it, the only vLLM there is (a proxy or port mapping in between), and
     none when there are several: another server's settings would derive wrong figures.
     `command_lines` keeps what was parsed (and the --config files read) between calls."""
-    found = list(_vllm_command_lines(proc, command_lines or CommandLines()))
-    if port is None or not found:
-        return found[0][1] if found else None
-    on_port = [args for listening, args in found if listening == port]
+    return _serving(list(_vllm_command_lines(proc, command_lines or CommandLines())), port)
+
+
+def _serving(found: list[tuple[int | None, _Process]], port: int | None) -> _Process | None:
+    """Of the vLLM API servers `found` (listening port, what is known of it), lowest PID
+    first: the first on `port` (any without one); where none listens there, the only one."""
+    on_port = [known for listening, known in found if port is None or listening == port]
     if on_port:
         return on_port[0]
     return found[0][1] if len(found) == 1 else None
@@ -47,18 +52,16 @@ def discover_hf_environ(proc: Path = Path("/proc"), port: int | None = None) -> 
     """The Hugging Face cache variables of the vLLM API server on `port` (as
     discover_serve_args picks it), where this process may read its environment (the same
     user, or a shared process namespace with the right to); else none."""
-    found = [(listening, entry) for listening, entry, _ in _vllm_processes(proc)]
-    on_port = [entry for listening, entry in found if port is None or listening == port]
-    entries = on_port or ([found[0][1]] if len(found) == 1 else [])
-    for entry in entries[:1]:
-        try:
-            with (entry / "environ").open("rb") as environ:
-                text = environ.read(MAX_ENVIRON_BYTES)
-        except OSError:
-            return {}
-        pairs = (item.decode("utf-8", "replace").partition("=") for item in text.split(b"\0"))
-        return {k: v for k, _, v in pairs if k in HF_CACHE_VARIABLES and v}
-    return {}
+    entry = _serving([(listening, entry) for listening, entry, _ in _vllm_processes(proc)], port)
+    if entry is None:
+        return {}
+    try:
+        with (entry / "environ").open("rb") as environ:
+            text = environ.read(MAX_ENVIRON_BYTES)
+    except OSError:
+        return {}
+    pairs = (item.decode("utf-8", "replace").partition("=") for item in text.split(b"\0"))
+    return {k: v for k, _, v in pairs if k in HF_CACHE_VARIABLES and v}
 
 
 def _vllm_processes(proc: Path) -> Iterator[tuple[int | None, Path, list[str]]]:
