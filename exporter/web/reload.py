@@ -50,15 +50,12 @@ def build_serving_state(config: WebConfig, previous: ServingState | None = None)
     The authenticator of `previous` is kept when the users and their hashes are the same:
     a new one would hash a dummy password (one bcrypt run) and forget every verified
     login, so each scraper would pay bcrypt again after any reload."""
+    users = config.basic_auth_users
     auth: BasicAuth | None = None
-    if config.basic_auth_users:
-        same_users = previous is not None and dict(previous.config.basic_auth_users) == dict(
-            config.basic_auth_users
-        )
-        if previous is not None and previous.auth is not None and same_users:
-            auth = previous.auth
-        else:
-            auth = BasicAuth(config.basic_auth_users)
+    if users:
+        same_users = previous is not None and dict(previous.config.basic_auth_users) == dict(users)
+        kept = previous.auth if previous is not None and same_users else None
+        auth = kept if kept is not None else BasicAuth(users)
     return ServingState(
         config=config,
         ssl_context=None if config.tls is None else build_ssl_context(config.tls),
