@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from exporter.collectors.kv_events_log import ErrorTally, LimitedLog
-from exporter.collectors.kv_events_subscription import LOGGER
+from exporter.collectors.kv_events_log import LimitedLog
+from exporter.collectors.kv_events_subscription import LOGGER, NAME
 from exporter.prefix_cache import DEFAULT_MAX_BLOCKS, DEFAULT_MAX_GROUPS, EngineResidency
-from exporter.state import KvEventsEndpoint, ResidencyView, Snapshot
+from exporter.state import KvEventsEndpoint, ResidencyView, Snapshot, StateSink
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +65,11 @@ class ResidencyBook:
             self._restarts.pop(engine, None)
         return gone
 
-    def tally_bound_hits(self, tally: ErrorTally) -> None:
+    def count_bound_hits(self, sink: StateSink) -> None:
         """The residency bounds hit since the last tick, as the collector's errors."""
         for engine, residency in self._engines.items():
             for reason, count in residency.take_bound_hits().items():
-                tally.count(reason, engine, f"engine {engine}: {reason}", count)
+                sink.reject(NAME, engine, reason, f"engine {engine}: {reason}", count=count)
                 self.log.warning("kv_events_bound_hit", engine=engine, reason=reason)
 
     def changed(self) -> list[ResidencyView]:
