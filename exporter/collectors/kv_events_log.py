@@ -35,17 +35,7 @@ class LimitedLog:
         self._limit = LogLimit(lines=1, interval_s=interval_s, clock=clock)
 
     def info(self, event: str, *, lines: int = 1, **fields: Any) -> None:
-        self._write(self._log.info, event, lines, fields)
+        self._limit.emit(self._log.info, event, lines=lines, **fields)
 
     def warning(self, event: str, *, lines: int = 1, **fields: Any) -> None:
-        self._write(self._log.warning, event, lines, fields)
-
-    def _write(
-        self, write: Callable[..., Any], event: str, lines: int, fields: dict[str, Any]
-    ) -> None:
-        left_out = self._limit.allow(event, lines)
-        if left_out is None:
-            return
-        if left_out:
-            fields["suppressed"] = left_out  # lines of this cause not written since the last
-        write(event, **fields)
+        self._limit.emit(self._log.warning, event, lines=lines, **fields)
