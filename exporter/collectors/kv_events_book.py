@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from exporter.collectors.kv_events_log import LimitedLog
-from exporter.collectors.kv_events_subscription import LOGGER, NAME
-from exporter.prefix_cache import DEFAULT_MAX_BLOCKS, DEFAULT_MAX_GROUPS, EngineResidency
+from exporter.collectors.kv_events_subscription import NAME
+from exporter.prefix_cache import EngineResidency
 from exporter.state import KvEventsEndpoint, ResidencyView, Snapshot, StateSink
 
 
@@ -37,13 +37,8 @@ def engine_hints(snapshot: Snapshot) -> dict[str, EngineHint]:
 class ResidencyBook:
     """Every engine's residency, by engine label; the collector's thread alone uses it."""
 
-    def __init__(
-        self,
-        max_blocks: int = DEFAULT_MAX_BLOCKS,
-        max_groups: int = DEFAULT_MAX_GROUPS,
-        log: LimitedLog | None = None,
-    ) -> None:
-        self.log = log or LimitedLog(LOGGER)
+    def __init__(self, max_blocks: int, max_groups: int, log: LimitedLog) -> None:
+        self.log = log
         self._max_blocks = max_blocks
         self._max_groups = max_groups
         self._engines: dict[str, EngineResidency] = {}

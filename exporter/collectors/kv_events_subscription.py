@@ -101,16 +101,18 @@ class Subscription:
         residency_of: Callable[[str], EngineResidency],
         settings: KvEventsSettings,
         *,
-        replay_slots: ReplaySlots | None = None,
-        log: LimitedLog | None = None,
+        replay_slots: ReplaySlots,
+        log: LimitedLog,
     ) -> None:
-        """Raises zmq.ZMQError (no file descriptors left) with nothing left open."""
+        """Raises zmq.ZMQError (no file descriptors left) with nothing left open.
+        `replay_slots` and `log` are the collector's, shared by its streams (one replay
+        cap, one line per cause)."""
         self.endpoint = endpoint
         self.residency_of = residency_of
         self.settings = settings
         self.context = context
-        self.log = log or LimitedLog(LOGGER)
-        self.replay_slots = replay_slots or ReplaySlots(settings.max_replays)
+        self.log = log
+        self.replay_slots = replay_slots
         self.socket, self.monitor = self._open()
         self.created_at = time.monotonic()
         self.connected = False
