@@ -306,8 +306,8 @@ class StateStore:
             self._rebuild(collector, engines_changed=False)
 
     def remove_residency(self, collector: str, engines: Sequence[str]) -> None:
-        """The residency of engines no collector follows any more (forgotten, gone stale):
-        their series go."""
+        """The residency of engines no collector follows any more (forgotten, or whose
+        endpoint moved away with no stream left to feed them): their series go."""
         with self._changing():
             removed = [e for e in engines if self._residency.pop(e, None) is not None]
             if removed:
