@@ -31,16 +31,15 @@ import zmq
 from exporter.collectors.kv_events_book import EngineHint, ResidencyBook, engine_hints
 from exporter.collectors.kv_events_endpoints import parse_endpoint_flag
 from exporter.collectors.kv_events_log import LimitedLog
-from exporter.collectors.kv_events_subscription import (
+from exporter.collectors.kv_events_settings import (
     DEFAULT_MAX_REPLAYS,
     DEFAULT_MAX_STREAM_BYTES_PER_S,
     DEFAULT_MAX_SUBSCRIPTIONS,
     LOGGER,
     NAME,
     KvEventsSettings,
-    ReplaySlots,
-    Subscription,
 )
+from exporter.collectors.kv_events_subscription import ReplaySlots, Subscription
 from exporter.collectors.registry import CollectorSpec, register_collector
 from exporter.flags import FlagGroup, positive_int, size
 from exporter.kv_events_wire import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_EVENTS, DEFAULT_MAX_HASHES

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from exporter.collectors.kv_events_log import LimitedLog
-from exporter.collectors.kv_events_subscription import NAME
+from exporter.collectors.kv_events_settings import NAME
 from exporter.prefix_cache import EngineResidency
 from exporter.state import KvEventsEndpoint, ResidencyView, Snapshot, StateSink
 

@@ -15,22 +15,13 @@ from zmq.utils.monitor import recv_monitor_message
 from exporter.collectors.kv_events_log import LimitedLog
 from exporter.collectors.kv_events_replay import Replay
 from exporter.collectors.kv_events_sequence import Step, classify, missing_from
-from exporter.kv_events_wire import (
-    DEFAULT_MAX_BATCH_BYTES,
-    DEFAULT_MAX_EVENTS,
-    DEFAULT_MAX_HASHES,
-    BatchDecoder,
-    BatchLimits,
-    MalformedBatch,
-    parse_sequence,
-)
-from exporter.prefix_cache import DEFAULT_MAX_BLOCKS, DEFAULT_MAX_GROUPS, EngineResidency
+from exporter.collectors.kv_events_settings import NAME, KvEventsSettings
+from exporter.kv_events_wire import BatchDecoder, BatchLimits, MalformedBatch, parse_sequence
+from exporter.prefix_cache import EngineResidency
 from exporter.state import KvEventsEndpoint, StateSink
 
 # A batch as received: libzmq's buffer, not copied (bytes where a test hands one over).
 Payload = bytes | memoryview
-NAME = "kv_events"
-LOGGER = "kvcap.kv_events"
 # Batches libzmq may queue for one stream before it stops reading it: the publisher's
 # own high-water mark then drops, and the gap is replayed. The poll loop reads every
 # stream as it comes (a replay never blocks it), so an honest stream (~100 batches a
@@ -38,9 +29,6 @@ LOGGER = "kvcap.kv_events"
 # each, all in the daemon's RSS: 1,000 batches of 270 KB were 128 MiB, 32 are 8 MiB.
 SUBSCRIPTION_RCVHWM = 32
 _READ_PER_TURN = 256
-DEFAULT_MAX_SUBSCRIPTIONS = 128
-DEFAULT_MAX_REPLAYS = 64
-DEFAULT_MAX_STREAM_BYTES_PER_S = 8 * 2**20
 # Connected and disconnected; and the attempts libzmq makes to reconnect on its own, which
 # it never makes after a protocol error (a batch past MAXMSGSIZE): then kvcap reopens.
 _MONITORED = (
@@ -49,37 +37,6 @@ _MONITORED = (
     | zmq.EVENT_CONNECT_DELAYED
     | zmq.EVENT_CONNECT_RETRIED
 )
-
-
-@dataclass(frozen=True, slots=True)
-class KvEventsSettings:
-    endpoints: tuple[KvEventsEndpoint, ...] = ()
-    discover: bool = True  # also follow the endpoints other collectors report
-    max_message_bytes: int = DEFAULT_MAX_BATCH_BYTES
-    max_batch_events: int = DEFAULT_MAX_EVENTS
-    max_batch_hashes: int = DEFAULT_MAX_HASHES
-    # Bytes of batches one stream may have applied per second (an engine of the simulated
-    # deployment sends ~60 KB/s; vLLM's busiest, a few MB in a burst).
-    max_stream_bytes_per_s: int = DEFAULT_MAX_STREAM_BYTES_PER_S
-    max_blocks: int = DEFAULT_MAX_BLOCKS  # per engine while its pool is unknown
-    max_groups: int = DEFAULT_MAX_GROUPS  # KV cache groups per engine
-    # Streams followed at once (each holds 2 sockets and 4 file descriptors, 6 with a
-    # replay) and replays outstanding at once; past them an endpoint waits, a gap is missed.
-    max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS
-    max_replays: int = DEFAULT_MAX_REPLAYS
-    replay_timeout_s: float = 2.0
-    max_replay_batches: int = 100_000
-    # What one stream keeps of its live batches while its replay is outstanding; past
-    # either bound the replay ends there and what it missed is counted.
-    max_held_batches: int = 10_000
-    max_held_bytes: int = 16 * 2**20
-    connect_timeout_s: float = 5.0
-    # A SUB libzmq dropped (a batch past MAXMSGSIZE is a protocol error, never reconnected)
-    # is opened again after this, doubled on each try that does not connect, up to the max.
-    reopen_after_s: float = 1.0
-    max_reopen_after_s: float = 60.0
-    # How often the residency is published and the engines' endpoints followed.
-    discovery_interval_s: float = 1.0
 
 
 @dataclass(slots=True)
