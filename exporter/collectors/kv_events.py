@@ -354,13 +354,14 @@ def _build(args: argparse.Namespace) -> KvEventsCollector | None:
             endpoints=endpoints,
             discover=args.kv_events_discover,
             max_message_bytes=args.kv_events_max_message_size,
+            # positive_int flags (and their twins) are 1 or more; a SIZE may be 0.
             max_stream_bytes_per_s=max(1, args.kv_events_max_stream_rate),
-            max_blocks=max(1, args.kv_events_max_blocks),
-            max_groups=max(1, args.kv_events_max_groups),
-            max_batch_events=max(1, args.kv_events_max_batch_events),
-            max_batch_hashes=max(1, args.kv_events_max_batch_hashes),
-            max_subscriptions=max(1, args.kv_events_max_subscriptions),
-            max_replays=max(1, args.kv_events_max_replays),
+            max_blocks=args.kv_events_max_blocks,
+            max_groups=args.kv_events_max_groups,
+            max_batch_events=args.kv_events_max_batch_events,
+            max_batch_hashes=args.kv_events_max_batch_hashes,
+            max_subscriptions=args.kv_events_max_subscriptions,
+            max_replays=args.kv_events_max_replays,
         )
     )
 
