@@ -110,17 +110,6 @@ def _name(call: ast.Call) -> str:
     return func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
 
 
-def _on(call: ast.Call, owner: str) -> bool:
-    """A method call on an object named `owner` (`tally.count`, `self.tally.count`)."""
-    func = call.func
-    if not isinstance(func, ast.Attribute):
-        return False
-    value = func.value
-    return (isinstance(value, ast.Name) and value.id == owner) or (
-        isinstance(value, ast.Attribute) and value.attr == owner
-    )
-
-
 def _is_log(call: ast.Call) -> bool:
     """A structlog call (`log.info(..., reason=...)`): its reason is a field of a log line."""
     func = call.func
@@ -162,8 +151,7 @@ def _call_reasons(call: ast.Call) -> Iterator[tuple[str, str]]:
         yield from (("web", r) for r in _strings(_argument(call, WEB_CALLS[name])))
     elif name == "reload_failed":
         yield from (("reload", r) for r in _strings(_argument(call, 0)))
-    elif (name == "count" and _on(call, "tally")) or name == "_hit":
-        # ErrorTally.count(reason, ...); Residency._hit(reason): a bound hit, counted
+    elif name == "_hit":  # Residency._hit(reason): a bound hit, counted
         yield from (("collector", r) for r in _strings(_argument(call, 0)))
     elif name == "drop":
         yield from (("dropped", r) for r in _strings(_argument(call, 0)))
@@ -219,7 +207,7 @@ def test_the_source_scan_finds_the_reasons_it_is_meant_to() -> None:
         ("collector", "disconnected"),  # sink.fail(NAME, target, "...")
         ("collector", "malformed_batch"),  # sink.reject(NAME, target, "...")
         ("collector", "file_not_regular"),  # FileRefused("...")
-        ("collector", "replay_timeout"),  # self.tally.count("...", ...)
+        ("collector", "replay_timeout"),  # sink.reject(NAME, self.replay.endpoint, "...")
         ("collector", "pool_overflow"),  # self._hit("...")
         ("dropped", "unknown_block"),
         ("web", "head_too_large"),

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         parse_endpoint_flag,
     )
     from exporter.collectors.kv_events_sequence import Step, classify, missing_from
-    from exporter.collectors.kv_events_subscription import KvEventsSettings
+    from exporter.collectors.kv_events_settings import KvEventsSettings
     from exporter.collectors.nvml import NvmlCollector, NvmlPoller, NvmlSettings
     from exporter.collectors.nvml_reader import NvmlSession, load_library, parse_visible_devices
     from exporter.collectors.registry import (

@@ -30,17 +30,16 @@ import zmq
 
 from exporter.collectors.kv_events_book import EngineHint, ResidencyBook, engine_hints
 from exporter.collectors.kv_events_endpoints import parse_endpoint_flag
-from exporter.collectors.kv_events_log import ErrorTally, LimitedLog
-from exporter.collectors.kv_events_subscription import (
+from exporter.collectors.kv_events_log import LimitedLog
+from exporter.collectors.kv_events_settings import (
     DEFAULT_MAX_REPLAYS,
     DEFAULT_MAX_STREAM_BYTES_PER_S,
     DEFAULT_MAX_SUBSCRIPTIONS,
     LOGGER,
     NAME,
     KvEventsSettings,
-    ReplaySlots,
-    Subscription,
 )
+from exporter.collectors.kv_events_subscription import ReplaySlots, Subscription
 from exporter.collectors.registry import CollectorSpec, register_collector
 from exporter.flags import FlagGroup, positive_int, size
 from exporter.kv_events_wire import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_EVENTS, DEFAULT_MAX_HASHES
@@ -86,7 +85,6 @@ class KvEventsCollector:
         self.log = LimitedLog(LOGGER)  # one line per cause per interval, per collector
         self.book = ResidencyBook(settings.max_blocks, settings.max_groups, self.log)
         self.context = context or zmq.Context.instance()
-        self.tally = ErrorTally(NAME)
         self.replay_slots = ReplaySlots(settings.max_replays)
         self.max_subscriptions = subscription_room(settings.max_subscriptions)
         self._stop = threading.Event()
@@ -127,15 +125,15 @@ class KvEventsCollector:
                         self._tick(sink)
                     self._poll_once(sink)
                 except Exception as error:
-                    self._internal_error(error)
+                    self._internal_error(sink, error)
                     self._stop.wait(_POLL_MS / 1000)
         finally:
             for subscription in self._subscriptions.values():
                 subscription.close()
 
-    def _internal_error(self, error: Exception) -> None:
+    def _internal_error(self, sink: StateSink, error: Exception) -> None:
         message = f"{type(error).__name__}: {error}"
-        self.tally.count("internal_error", NAME, message)
+        sink.reject(NAME, NAME, "internal_error", message)
         self.log.warning("kv_events_handling_failed", error=message)
 
     def _poll_once(self, sink: StateSink) -> None:
@@ -147,7 +145,7 @@ class KvEventsCollector:
             try:
                 handlers[socket](sink)
             except Exception as error:
-                self._internal_error(error)
+                self._internal_error(sink, error)
         now = time.monotonic()
         for subscription in list(self._subscriptions.values()):
             subscription.expire(sink, now)
@@ -188,8 +186,8 @@ class KvEventsCollector:
         gone = self.book.forget_unfollowed(hints, followed)
         if gone:
             sink.remove_residency(NAME, gone)
-        self.book.tally_bound_hits(self.tally)
-        self.tally.flush(sink)  # before the residency: a reader that sees it sees these
+        # Before the residency: a reader that sees it sees these counted.
+        self.book.count_bound_hits(sink)
         sink.publish_residency(NAME, self.book.changed())
         for subscription in self._subscriptions.values():
             age = time.monotonic() - subscription.created_at
@@ -229,9 +227,10 @@ class KvEventsCollector:
         if current is not None and current.endpoint == endpoint:
             return True
         if current is None and len(self._subscriptions) >= self.max_subscriptions:
-            self.tally.count(
-                "too_many_subscriptions",
+            sink.reject(
+                NAME,
                 endpoint.endpoint,
+                "too_many_subscriptions",
                 f"{self.max_subscriptions} followed (--kv-events.max-subscriptions, nofile)",
             )
             self.log.warning("kv_events_too_many_subscriptions", endpoint=endpoint.endpoint)
@@ -242,12 +241,11 @@ class KvEventsCollector:
                 endpoint,
                 self.book.engine,
                 self.settings,
-                tally=self.tally,
                 replay_slots=self.replay_slots,
                 log=self.log,
             )
         except zmq.ZMQError as error:  # EMFILE: tried again on the next tick
-            self.tally.count("subscribe_failed", endpoint.endpoint, str(error))
+            sink.reject(NAME, endpoint.endpoint, "subscribe_failed", str(error))
             self.log.warning(
                 "kv_events_subscribe_failed", endpoint=endpoint.endpoint, error=str(error)
             )
@@ -356,13 +354,14 @@ def _build(args: argparse.Namespace) -> KvEventsCollector | None:
             endpoints=endpoints,
             discover=args.kv_events_discover,
             max_message_bytes=args.kv_events_max_message_size,
+            # positive_int flags (and their twins) are 1 or more; a SIZE may be 0.
             max_stream_bytes_per_s=max(1, args.kv_events_max_stream_rate),
-            max_blocks=max(1, args.kv_events_max_blocks),
-            max_groups=max(1, args.kv_events_max_groups),
-            max_batch_events=max(1, args.kv_events_max_batch_events),
-            max_batch_hashes=max(1, args.kv_events_max_batch_hashes),
-            max_subscriptions=max(1, args.kv_events_max_subscriptions),
-            max_replays=max(1, args.kv_events_max_replays),
+            max_blocks=args.kv_events_max_blocks,
+            max_groups=args.kv_events_max_groups,
+            max_batch_events=args.kv_events_max_batch_events,
+            max_batch_hashes=args.kv_events_max_batch_hashes,
+            max_subscriptions=args.kv_events_max_subscriptions,
+            max_replays=args.kv_events_max_replays,
         )
     )
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from exporter.collectors.kv_events_log import ErrorTally, LimitedLog
-from exporter.collectors.kv_events_subscription import LOGGER
-from exporter.prefix_cache import DEFAULT_MAX_BLOCKS, DEFAULT_MAX_GROUPS, EngineResidency
-from exporter.state import KvEventsEndpoint, ResidencyView, Snapshot
+from exporter.collectors.kv_events_log import LimitedLog
+from exporter.collectors.kv_events_settings import NAME
+from exporter.prefix_cache import EngineResidency
+from exporter.state import KvEventsEndpoint, ResidencyView, Snapshot, StateSink
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +37,8 @@ def engine_hints(snapshot: Snapshot) -> dict[str, EngineHint]:
 class ResidencyBook:
     """Every engine's residency, by engine label; the collector's thread alone uses it."""
 
-    def __init__(
-        self,
-        max_blocks: int = DEFAULT_MAX_BLOCKS,
-        max_groups: int = DEFAULT_MAX_GROUPS,
-        log: LimitedLog | None = None,
-    ) -> None:
-        self.log = log or LimitedLog(LOGGER)
+    def __init__(self, max_blocks: int, max_groups: int, log: LimitedLog) -> None:
+        self.log = log
         self._max_blocks = max_blocks
         self._max_groups = max_groups
         self._engines: dict[str, EngineResidency] = {}
@@ -65,11 +60,11 @@ class ResidencyBook:
             self._restarts.pop(engine, None)
         return gone
 
-    def tally_bound_hits(self, tally: ErrorTally) -> None:
+    def count_bound_hits(self, sink: StateSink) -> None:
         """The residency bounds hit since the last tick, as the collector's errors."""
         for engine, residency in self._engines.items():
             for reason, count in residency.take_bound_hits().items():
-                tally.count(reason, engine, f"engine {engine}: {reason}", count)
+                sink.reject(NAME, engine, reason, f"engine {engine}: {reason}", count=count)
                 self.log.warning("kv_events_bound_hit", engine=engine, reason=reason)
 
     def changed(self) -> list[ResidencyView]:

@@ -1,23 +1,20 @@
-"""What the kv_events collector logs and counts under a flood: one log line per cause per
-interval, and its error counts handed to the state once per tick.
+"""What the kv_events collector logs under a flood: one log line per cause per interval.
 
 A hostile or broken publisher can make the same thing happen on every batch (a sequence
 that goes back, a gap whose replay never answers, a batch past a bound); each cause is
 logged when it first happens, then at most once per `interval_s` with how many lines were
-left out meanwhile. The counts reach `kvcap_collector_errors_total{collector="kv_events"}`
-whole, in one state change per reason and tick rather than one per batch.
+left out meanwhile. The counts themselves go to the state as they happen (`StateSink.reject`,
+`kvcap_collector_errors_total{collector="kv_events"}`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final
 
 import structlog
 
-from exporter.state import StateSink
 from exporter.state.log_limit import LogLimit
 
 LOG_INTERVAL_S: Final = 60.0
@@ -38,44 +35,7 @@ class LimitedLog:
         self._limit = LogLimit(lines=1, interval_s=interval_s, clock=clock)
 
     def info(self, event: str, *, lines: int = 1, **fields: Any) -> None:
-        self._write(self._log.info, event, lines, fields)
+        self._limit.emit(self._log.info, event, lines=lines, **fields)
 
     def warning(self, event: str, *, lines: int = 1, **fields: Any) -> None:
-        self._write(self._log.warning, event, lines, fields)
-
-    def _write(
-        self, write: Callable[..., Any], event: str, lines: int, fields: dict[str, Any]
-    ) -> None:
-        left_out = self._limit.allow(event, lines)
-        if left_out is None:
-            return
-        if left_out:
-            fields["suppressed"] = left_out  # lines of this cause not written since the last
-        write(event, **fields)
-
-
-@dataclass(slots=True)
-class _Count:
-    target: str
-    message: str
-    count: int
-
-
-class ErrorTally:
-    """Errors of the collector by reason, handed to the state on each tick."""
-
-    def __init__(self, collector: str) -> None:
-        self._collector = collector
-        self._pending: dict[str, _Count] = {}
-
-    def count(self, reason: str, target: str, message: str, count: int = 1) -> None:
-        found = self._pending.get(reason)
-        if found is None:
-            self._pending[reason] = _Count(target, message, count)
-        else:
-            found.count += count
-
-    def flush(self, sink: StateSink) -> None:
-        pending, self._pending = self._pending, {}
-        for reason, found in pending.items():
-            sink.reject(self._collector, found.target, reason, found.message, count=found.count)
+        self._limit.emit(self._log.warning, event, lines=lines, **fields)

@@ -12,25 +12,16 @@ from dataclasses import dataclass
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from exporter.collectors.kv_events_log import ErrorTally, LimitedLog
+from exporter.collectors.kv_events_log import LimitedLog
 from exporter.collectors.kv_events_replay import Replay
 from exporter.collectors.kv_events_sequence import Step, classify, missing_from
-from exporter.kv_events_wire import (
-    DEFAULT_MAX_BATCH_BYTES,
-    DEFAULT_MAX_EVENTS,
-    DEFAULT_MAX_HASHES,
-    BatchDecoder,
-    BatchLimits,
-    MalformedBatch,
-    parse_sequence,
-)
-from exporter.prefix_cache import DEFAULT_MAX_BLOCKS, DEFAULT_MAX_GROUPS, EngineResidency
+from exporter.collectors.kv_events_settings import NAME, KvEventsSettings
+from exporter.kv_events_wire import BatchDecoder, BatchLimits, MalformedBatch, parse_sequence
+from exporter.prefix_cache import EngineResidency
 from exporter.state import KvEventsEndpoint, StateSink
 
 # A batch as received: libzmq's buffer, not copied (bytes where a test hands one over).
 Payload = bytes | memoryview
-NAME = "kv_events"
-LOGGER = "kvcap.kv_events"
 # Batches libzmq may queue for one stream before it stops reading it: the publisher's
 # own high-water mark then drops, and the gap is replayed. The poll loop reads every
 # stream as it comes (a replay never blocks it), so an honest stream (~100 batches a
@@ -38,9 +29,6 @@ LOGGER = "kvcap.kv_events"
 # each, all in the daemon's RSS: 1,000 batches of 270 KB were 128 MiB, 32 are 8 MiB.
 SUBSCRIPTION_RCVHWM = 32
 _READ_PER_TURN = 256
-DEFAULT_MAX_SUBSCRIPTIONS = 128
-DEFAULT_MAX_REPLAYS = 64
-DEFAULT_MAX_STREAM_BYTES_PER_S = 8 * 2**20
 # Connected and disconnected; and the attempts libzmq makes to reconnect on its own, which
 # it never makes after a protocol error (a batch past MAXMSGSIZE): then kvcap reopens.
 _MONITORED = (
@@ -49,37 +37,6 @@ _MONITORED = (
     | zmq.EVENT_CONNECT_DELAYED
     | zmq.EVENT_CONNECT_RETRIED
 )
-
-
-@dataclass(frozen=True, slots=True)
-class KvEventsSettings:
-    endpoints: tuple[KvEventsEndpoint, ...] = ()
-    discover: bool = True  # also follow the endpoints other collectors report
-    max_message_bytes: int = DEFAULT_MAX_BATCH_BYTES
-    max_batch_events: int = DEFAULT_MAX_EVENTS
-    max_batch_hashes: int = DEFAULT_MAX_HASHES
-    # Bytes of batches one stream may have applied per second (an engine of the simulated
-    # deployment sends ~60 KB/s; vLLM's busiest, a few MB in a burst).
-    max_stream_bytes_per_s: int = DEFAULT_MAX_STREAM_BYTES_PER_S
-    max_blocks: int = DEFAULT_MAX_BLOCKS  # per engine while its pool is unknown
-    max_groups: int = DEFAULT_MAX_GROUPS  # KV cache groups per engine
-    # Streams followed at once (each holds 2 sockets and 4 file descriptors, 6 with a
-    # replay) and replays outstanding at once; past them an endpoint waits, a gap is missed.
-    max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS
-    max_replays: int = DEFAULT_MAX_REPLAYS
-    replay_timeout_s: float = 2.0
-    max_replay_batches: int = 100_000
-    # What one stream keeps of its live batches while its replay is outstanding; past
-    # either bound the replay ends there and what it missed is counted.
-    max_held_batches: int = 10_000
-    max_held_bytes: int = 16 * 2**20
-    connect_timeout_s: float = 5.0
-    # A SUB libzmq dropped (a batch past MAXMSGSIZE is a protocol error, never reconnected)
-    # is opened again after this, doubled on each try that does not connect, up to the max.
-    reopen_after_s: float = 1.0
-    max_reopen_after_s: float = 60.0
-    # How often the residency is published and the engines' endpoints followed.
-    discovery_interval_s: float = 1.0
 
 
 @dataclass(slots=True)
@@ -101,18 +58,18 @@ class Subscription:
         residency_of: Callable[[str], EngineResidency],
         settings: KvEventsSettings,
         *,
-        tally: ErrorTally | None = None,
-        replay_slots: ReplaySlots | None = None,
-        log: LimitedLog | None = None,
+        replay_slots: ReplaySlots,
+        log: LimitedLog,
     ) -> None:
-        """Raises zmq.ZMQError (no file descriptors left) with nothing left open."""
+        """Raises zmq.ZMQError (no file descriptors left) with nothing left open.
+        `replay_slots` and `log` are the collector's, shared by its streams (one replay
+        cap, one line per cause)."""
         self.endpoint = endpoint
         self.residency_of = residency_of
         self.settings = settings
         self.context = context
-        self.tally = tally or ErrorTally(NAME)
-        self.log = log or LimitedLog(LOGGER)
-        self.replay_slots = replay_slots or ReplaySlots(settings.max_replays)
+        self.log = log
+        self.replay_slots = replay_slots
         self.socket, self.monitor = self._open()
         self.created_at = time.monotonic()
         self.connected = False
@@ -173,14 +130,14 @@ class Subscription:
         try:
             socket, monitor = self._open()
         except zmq.ZMQError as error:
-            self.tally.count("subscribe_failed", self.endpoint.endpoint, str(error))
+            sink.reject(NAME, self.endpoint.endpoint, "subscribe_failed", str(error))
             self.log.warning(
                 "kv_events_subscribe_failed", endpoint=self.endpoint.endpoint, error=str(error)
             )
         else:
             _close(self.socket, self.monitor)
             self.socket, self.monitor = socket, monitor
-            self.tally.count("resubscribed", self.endpoint.endpoint, "dropped, opened again")
+            sink.reject(NAME, self.endpoint.endpoint, "resubscribed", "dropped, opened again")
             self.log.info("kv_events_resubscribed", endpoint=self.endpoint.endpoint)
         # Doubled until a connection holds (a publisher that keeps sending oversized
         # batches is tried once a minute at most).
@@ -221,11 +178,11 @@ class Subscription:
             except zmq.Again:
                 return
             frames = [frame.buffer for frame in message]
-            if self._over_rate(sum(frame.nbytes for frame in frames)):
+            if self._over_rate(sink, sum(frame.nbytes for frame in frames)):
                 continue
             self._receive(sink, frames)
 
-    def _over_rate(self, size: int) -> bool:
+    def _over_rate(self, sink: StateSink, size: int) -> bool:
         """Past `max_stream_bytes_per_s` in this second: the batch is read and let go
         undecoded (the next one taken shows the gap: replayed, or counted as missed). A
         stream that sends faster than it can be applied would otherwise queue in libzmq,
@@ -237,7 +194,7 @@ class Subscription:
         self.window_bytes += size
         if first or self.window_bytes <= self.settings.max_stream_bytes_per_s:
             return False
-        self.tally.count("rate_limited", self.endpoint.endpoint, "--kv-events.max-stream-rate")
+        sink.reject(NAME, self.endpoint.endpoint, "rate_limited", "--kv-events.max-stream-rate")
         self.log.warning("kv_events_rate_limited", endpoint=self.endpoint.endpoint)
         return True
 
@@ -257,7 +214,7 @@ class Subscription:
         self.held_bytes += frames[2].nbytes
         too_many = len(self.held) > self.settings.max_held_batches
         if too_many or self.held_bytes > self.settings.max_held_bytes:
-            self.tally.count("replay_cut_short", self.replay.endpoint, "held batches past bound")
+            sink.reject(NAME, self.replay.endpoint, "replay_cut_short", "held batches past bound")
             self.log.warning(
                 "kv_events_replay_cut_short", endpoint=self.replay.endpoint, held=len(self.held)
             )
@@ -272,7 +229,7 @@ class Subscription:
         if payloads:
             residency = self.residency(None)
             for payload in payloads:
-                self._apply_replayed(residency, payload)
+                self._apply_replayed(sink, residency, payload)
         if replay.done:
             self._end_replay(sink)
 
@@ -280,7 +237,7 @@ class Subscription:
         """End a replay past its deadline: what it did not bring counts as missed."""
         self.reopen_if_dropped(sink, now)
         if self.replay is not None and self.replay.expired(now):
-            self.tally.count("replay_timeout", self.replay.endpoint, "no answer by the deadline")
+            sink.reject(NAME, self.replay.endpoint, "replay_timeout", "no answer by the deadline")
             self.log.warning(
                 "kv_events_replay_timed_out",
                 endpoint=self.replay.endpoint,
@@ -297,7 +254,7 @@ class Subscription:
             return
         residency = self.residency(batch.data_parallel_rank)
         residency.up = True
-        if self._catch_up(residency, sequence):
+        if self._catch_up(sink, residency, sequence):
             self.held.appendleft((sequence, payload))  # applied once the replay ends
             self.held_bytes += _size(payload)
             return
@@ -305,7 +262,7 @@ class Subscription:
         self.last_sequence = sequence
 
     def _malformed(self, sink: StateSink, message: str) -> None:
-        self.tally.count("malformed_batch", self.endpoint.endpoint, message)
+        sink.reject(NAME, self.endpoint.endpoint, "malformed_batch", message)
         self.log.warning(
             "kv_events_malformed_batch", endpoint=self.endpoint.endpoint, error=message
         )
@@ -314,7 +271,7 @@ class Subscription:
             residency.drop("malformed_batch")
             residency.mark_approximate("a batch could not be read")
 
-    def _catch_up(self, residency: EngineResidency, sequence: int) -> bool:
+    def _catch_up(self, sink: StateSink, residency: EngineResidency, sequence: int) -> bool:
         """Before applying batch `sequence`: handle a restart or a gap; True when a
         replay was asked for (the batch then waits for it)."""
         step = classify(self.last_sequence, sequence)
@@ -332,7 +289,9 @@ class Subscription:
             residency.gap()
         replay_endpoint = self.endpoint.replay_endpoint
         if replay_endpoint is not None and self.replay_slots.active >= self.replay_slots.limit:
-            self.tally.count("too_many_replays", replay_endpoint, "--kv-events.max-replays reached")
+            sink.reject(
+                NAME, replay_endpoint, "too_many_replays", "--kv-events.max-replays reached"
+            )
             self.log.warning("kv_events_too_many_replays", endpoint=replay_endpoint)
         elif replay_endpoint is not None:
             try:
@@ -348,7 +307,7 @@ class Subscription:
                 self.replay_slots.active += 1
                 return True
             except zmq.ZMQError as error:
-                self.tally.count("replay_failed", replay_endpoint, str(error))
+                sink.reject(NAME, replay_endpoint, "replay_failed", str(error))
                 self.log.warning(
                     "kv_events_replay_failed", endpoint=replay_endpoint, error=str(error)
                 )
@@ -363,11 +322,13 @@ class Subscription:
             else "joined the stream after its start"
         )
 
-    def _apply_replayed(self, residency: EngineResidency, payload: Payload) -> None:
+    def _apply_replayed(
+        self, sink: StateSink, residency: EngineResidency, payload: Payload
+    ) -> None:
         try:
             residency.apply(self.decoder.decode(payload))
         except MalformedBatch as error:
-            self.tally.count("malformed_batch", self.endpoint.endpoint, str(error))
+            sink.reject(NAME, self.endpoint.endpoint, "malformed_batch", str(error))
             residency.drop("malformed_batch")
             residency.mark_approximate("a replayed batch could not be read")
 
@@ -379,7 +340,7 @@ class Subscription:
             return
         self._close_replay()
         if replay.failure is not None:
-            self.tally.count("replay_failed", replay.endpoint, replay.failure)
+            sink.reject(NAME, replay.endpoint, "replay_failed", replay.failure)
             self.log.warning(
                 "kv_events_replay_failed", endpoint=replay.endpoint, error=replay.failure
             )

@@ -70,12 +70,6 @@ class Lifetimes:
     counts: list[int] = field(default_factory=lambda: [0] * (len(LIFETIME_BUCKETS_S) + 1))
     sum_s: float = 0.0
 
-    def observe(self, seconds: float) -> None:
-        # A removal stamped before its store (clock steps on the engine) counts as 0 s.
-        seconds = max(0.0, seconds)
-        self.counts[bisect_left(LIFETIME_BUCKETS_S, seconds)] += 1
-        self.sum_s += seconds
-
 
 _COMPACT_ABOVE: Final = 4_096  # blocks; below, a set's table is too small to matter
 
@@ -267,7 +261,7 @@ class EngineResidency:
             if stored is None:
                 unknown += 1
                 continue
-            # Lifetimes.observe, inlined: this runs once per evicted block. A removal
+            # Observed here, not by a method: this runs once per evicted block. A removal
             # stamped before its store (the engine's clock stepped) counts as 0 s.
             seconds = ts - stored if ts > stored else 0.0
             counts[bisect_left(LIFETIME_BUCKETS_S, seconds)] += 1

@@ -58,10 +58,12 @@ class LogLimit:
         window.logged += 1
         return 0
 
-    def emit(self, write: Callable[..., Any], event: str, **fields: Any) -> None:
-        """`write(event, **fields)` if the event's budget allows, with `suppressed` when
-        lines were left out before it."""
-        left_out = self.allow(event)
+    def emit(
+        self, write: Callable[..., Any], event: str, *, lines: int | None = None, **fields: Any
+    ) -> None:
+        """`write(event, **fields)` if the event's budget (`lines`, as for `allow`) allows,
+        with `suppressed` when lines were left out before it."""
+        left_out = self.allow(event, lines)
         if left_out is None:
             return
         if left_out:

@@ -306,8 +306,8 @@ class StateStore:
             self._rebuild(collector, engines_changed=False)
 
     def remove_residency(self, collector: str, engines: Sequence[str]) -> None:
-        """The residency of engines no collector follows any more (forgotten, gone stale):
-        their series go."""
+        """The residency of engines no collector follows any more (forgotten, or whose
+        endpoint moved away with no stream left to feed them): their series go."""
         with self._changing():
             removed = [e for e in engines if self._residency.pop(e, None) is not None]
             if removed:
@@ -317,8 +317,9 @@ class StateStore:
         self, collector: str, target: str, reason: str, message: str, *, count: int = 1
     ) -> None:
         """A bad input that did not stop the collector (a malformed frame): count it (or
-        `count` of them, tallied by the collector), log the first of each reason, and
-        change nothing else."""
+        `count` of them), log the first of each reason, and change nothing else. Only the
+        counts of the snapshot are replaced: a flood of bad input is not a rebuild (GPU
+        map, headroom, statuses) per message."""
         with self._lock:
             if (collector, reason) not in self._errors:
                 log.warning(
@@ -329,7 +330,13 @@ class StateStore:
                     error=message,
                 )
             self._count(collector, reason, count)
-            self._rebuild(collector, engines_changed=False)
+            self._version += 1
+            self._snapshot = replace(
+                self._snapshot,
+                version=self._version,
+                errors=dict(self._errors),
+                taken_at_s=self._clock(),
+            )
 
     def _count(self, collector: str, reason: str, count: int = 1) -> None:
         key = (collector, reason)

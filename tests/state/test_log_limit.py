@@ -24,6 +24,25 @@ def test_lines_past_the_budget_are_left_out_and_counted_on_the_next_window() -> 
     assert limit.allow("restart") == 0
 
 
+def test_emit_writes_within_the_budget_a_call_gives_and_says_what_it_left_out() -> None:
+    clock = Clock()
+    limit = LogLimit(lines=1, interval_s=10.0, clock=clock)
+    written: list[tuple[str, dict[str, object]]] = []
+
+    def write(event: str, **fields: object) -> None:
+        written.append((event, fields))
+
+    for engine in range(4):
+        limit.emit(write, "subscribing", lines=2, engine=engine)
+    clock.now += 10.0
+    limit.emit(write, "subscribing", engine=9)
+    assert written == [
+        ("subscribing", {"engine": 0}),
+        ("subscribing", {"engine": 1}),
+        ("subscribing", {"engine": 9, "suppressed": 2}),
+    ]
+
+
 def test_a_restart_storm_is_logged_in_a_few_lines_and_counted_whole() -> None:
     store = StateStore()
     engine = reports()[0]

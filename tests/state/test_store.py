@@ -196,6 +196,22 @@ def test_listeners_hear_of_each_change_of_the_data_not_of_rejected_input() -> No
     assert heard[-1] == store.snapshot().version
 
 
+def test_a_rejected_input_replaces_only_the_counts_of_the_snapshot() -> None:
+    store = StateStore()
+    store.publish("vllm_http", "http://a", reports("gemma-3-27b-text-dp2-tp2"))
+    before = store.snapshot()
+    with capture_logs():
+        store.reject("handshake", "ipc://x", "malformed_frame", "garbage")
+        store.reject("handshake", "ipc://x", "malformed_frame", "garbage", count=3)
+    after = store.snapshot()
+    assert after.version == before.version + 2
+    assert after.errors == {("handshake", "malformed_frame"): 4}
+    assert before.errors == {}  # the old snapshot is not changed
+    assert after.engines is before.engines
+    assert after.collectors is before.collectors
+    assert after.headroom_tokens is before.headroom_tokens
+
+
 def residency(engine: str, resident: int) -> ResidencyView:
     pool = PoolView(0, "GPU", resident, 16, "full_attention", resident, 0, (0,) * 14, 0.0)
     return ResidencyView(engine, (pool,), 100, False, None, 0, resident, {}, 0, True)
