@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from exporter.capacity import CapacityResult, EngineSettings
-from exporter.capacity.offload import GIB, OffloadTierPlan, plan_offload
+from exporter.capacity.offload import GIB, OffloadTierPlan, plan_engine_offload
 from exporter.capacity.offload_settings import (
     offload_settings,
     parse_transfer_config,
@@ -65,15 +65,7 @@ def engine_tier(
     if tier is None:
         return None
     try:
-        return plan_offload(
-            result.capacity,
-            tier,
-            world_size=settings.tensor_parallel_size * settings.pipeline_parallel_size,
-            tensor_parallel_size=settings.tensor_parallel_size,
-            platform=settings.platform,
-            use_mla=any(group.kind == "mla" for group in result.capacity.groups),
-            vllm_version=settings.vllm_version,
-        )
+        return plan_engine_offload(result.capacity, settings, tier)
     except ConfigError as error:
         raise UsageError(f"--kv-transfer-config: {error}") from None
 

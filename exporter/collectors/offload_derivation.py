@@ -13,7 +13,7 @@ from exporter.capacity import CapacityResult, EngineCapacity
 from exporter.capacity.offload import OffloadSettings, OffloadTierPlan, plan_offload
 from exporter.capacity.offload_settings import parse_transfer_config
 from exporter.collectors.parsing import VllmServeArgs
-from exporter.errors import ConfigError, KvcapError
+from exporter.errors import KvcapError
 from exporter.state import OffloadGroupBlocks, OffloadTier
 
 
@@ -61,16 +61,12 @@ def cut_tier(
     or vLLM's own plan as the plugin sent it), cut as the release's offloading code cuts it.
     Raises KvcapError where it cannot be: no GPU plan, a release or model kvcap does not
     model, a chunk size vLLM would refuse."""
-    if not capacity.bytes_per_block_per_worker:
-        # Without a worker's bytes per block every chunk would be 0 bytes: no figure at all.
-        raise ConfigError("the offload tier needs the engine's bytes per block")
     cut = plan_offload(
         capacity,
         settings,
         world_size=world_size,
         tensor_parallel_size=tensor_parallel_size,
         platform=platform,
-        use_mla=any(group.kind == "mla" for group in capacity.groups),
         vllm_version=version,
     )
     return _as_tier(cut)
