@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from exporter.capacity import CapacityResult, EngineCapacity
 from exporter.capacity.offload import OffloadSettings, OffloadTierPlan, plan_offload
-from exporter.capacity.offload_settings import parse_transfer_config
+from exporter.capacity.offload_settings import native_settings, parse_transfer_config
 from exporter.collectors.parsing import VllmServeArgs
 from exporter.errors import KvcapError
 from exporter.state import OffloadGroupBlocks, OffloadTier
@@ -73,16 +73,10 @@ def cut_tier(
 
 
 def _settings(cpu_bytes: int, args: VllmServeArgs) -> OffloadSettings:
-    extra = {}
-    if args.kv_transfer_config is not None:
-        found = parse_transfer_config(args.kv_transfer_config).get("kv_connector_extra_config")
-        extra = found if isinstance(found, dict) else {}
-    per_chunk, tokens = extra.get("blocks_per_chunk"), extra.get("block_size")
-    return OffloadSettings(
-        cpu_bytes=cpu_bytes,
-        blocks_per_chunk=per_chunk if type(per_chunk) is int else None,
-        tokens_per_chunk=tokens if type(tokens) is int else None,
-    )
+    """The configured bytes with the chunk size of the engine's `--kv-transfer-config`, read
+    as the planner reads it (a chunk size vLLM would refuse raises UsageError)."""
+    transfer = args.kv_transfer_config
+    return native_settings(cpu_bytes, None if transfer is None else parse_transfer_config(transfer))
 
 
 def _as_tier(cut: OffloadTierPlan) -> OffloadTier:
