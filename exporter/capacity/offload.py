@@ -142,7 +142,7 @@ class OffloadTierPlan:
 
     medium: str
     backend: str
-    vllm_version: str  # the release whose offloading rules applied (OFFLOAD_RELEASES)
+    rules_release: str  # the first release of the offloading rules that applied (OFFLOAD_RELEASES)
     cpu_bytes: int
     worker_kv_bytes_per_block: int
     copies: int
@@ -217,7 +217,7 @@ def plan_offload(
     return OffloadTierPlan(
         medium=settings.medium,
         backend=settings.backend,
-        vllm_version=".".join(map(str, rules.release)),
+        rules_release=".".join(map(str, rules.release)),
         cpu_bytes=settings.cpu_bytes,
         worker_kv_bytes_per_block=per_block,
         copies=copies,

@@ -86,7 +86,7 @@ def tier_document(tier: EngineTier | None) -> dict[str, Any] | None:
     return {
         "backend": tier.backend,
         "medium": tier.medium,
-        "vllm_rules": tier.vllm_version,
+        "vllm_rules": tier.rules_release,
         "cpu_bytes": tier.cpu_bytes,
         "worker_kv_bytes_per_block": tier.worker_kv_bytes_per_block,
         "copies_per_chunk": tier.copies,
@@ -124,7 +124,7 @@ def tier_lines(tier: EngineTier | None) -> list[str]:
         ]
     lines = [
         "",
-        f"offload tier (native, {tier.medium}; offloading code of vLLM {tier.vllm_version}+): "
+        f"offload tier (native, {tier.medium}; offloading code of vLLM {tier.rules_release}+): "
         f"{tier.cpu_bytes / GIB:g} GiB -> {tier.num_chunks:,} chunks of "
         f"{tier.blocks_per_chunk} block(s), {tier.kv_bytes_per_chunk:,} bytes each "
         f"({tier.copies} worker cop{'y' if tier.copies == 1 else 'ies'} per chunk)",
