@@ -165,8 +165,6 @@ def _offload(vllm_config: Any, specs: list[dict[str, Any]], memory: int) -> dict
 def run_one(case: dict[str, Any]) -> dict[str, Any]:
     """One case: TP processes forked, rank 0 plans; the record's `result` or `error`."""
     import vllm
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.usage.usage_lib import UsageContext
 
     settings = case["settings"]
     work = Path(tempfile.mkdtemp(dir=os.environ.get("OFFLOAD_GOLDEN_TMP")))
@@ -186,17 +184,7 @@ def run_one(case: dict[str, Any]) -> dict[str, Any]:
             code = 0
             release_compat.case_environment(settings.get("env") or {})
             try:
-                args = EngineArgs(
-                    model=str(work),
-                    load_format="dummy",
-                    skip_tokenizer_init=True,
-                    enforce_eager=True,
-                    dtype="bfloat16",
-                    **release_compat.engine_flags(flags),
-                )
-                vllm_config = args.create_engine_config(
-                    usage_context=UsageContext.OPENAI_API_SERVER
-                )
+                vllm_config = release_compat.engine_config(work, flags)
                 specs = _rank_specs(vllm_config, rank, tp, work / "rendezvous")
                 if rank == 0:
                     memory = settings["available_kv_bytes_per_worker"]

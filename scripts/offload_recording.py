@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import release_compat
 import release_golden
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,21 +54,6 @@ def _load(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def _engine_config(model_dir: Path) -> Any:
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.usage.usage_lib import UsageContext
-
-    args = EngineArgs(
-        model=str(model_dir),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        dtype="bfloat16",
-        **SETTINGS,
-    )
-    return args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
 
 
 def _plan(vllm_config: Any) -> Any:
@@ -163,7 +149,7 @@ def main() -> int:
     model_dir = out / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy(MODEL, model_dir / "config.json")
-    vllm_config = _engine_config(model_dir)
+    vllm_config = release_compat.engine_config(model_dir, SETTINGS)
     kv_cache_config = _plan(vllm_config)
     info, facts = _offload_info(vllm_config, kv_cache_config, pr)
     metrics = _exposition(vllm_config, kv_cache_config.num_blocks, info, pr)

@@ -97,6 +97,24 @@ def capacity(planning: Any, vllm_config: Any, scheduler: Any) -> None:
         cache.kv_cache_size_tokens = int(concurrency * vllm_config.model_config.max_model_len)
 
 
+def engine_config(model_dir: Path, flags: dict[str, Any]) -> Any:
+    """The release's VllmConfig of an engine over `model_dir` (a config.json only), as the
+    API server makes it (`EngineArgs(...).create_engine_config(OPENAI_API_SERVER)`): dummy
+    weights, no tokenizer, eager, bfloat16, and the case's flags (engine_flags)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    args = EngineArgs(
+        model=str(model_dir),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype="bfloat16",
+        **engine_flags(flags),
+    )
+    return args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+
+
 def engine_flags(flags: dict[str, Any]) -> dict[str, Any]:
     """The case's flags as EngineArgs takes them: `kv_events_config` as the release's
     own KVEventsConfig (its "null" publisher binds no socket)."""

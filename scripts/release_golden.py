@@ -250,8 +250,6 @@ def run_one(case: dict[str, Any]) -> dict[str, Any]:
     """Plan one case in this process; the record's `result` or `error`."""
     import vllm
     from vllm.config import set_current_vllm_config
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.usage.usage_lib import UsageContext
 
     capture = _Capture()
     settings = case["settings"]
@@ -272,15 +270,7 @@ def run_one(case: dict[str, Any]) -> dict[str, Any]:
         built = _LAST_BUILT.get(key)
         if built is None:
             _LAST_BUILT.clear()
-            engine_args = EngineArgs(
-                model=str(model_dir),
-                load_format="dummy",
-                skip_tokenizer_init=True,
-                enforce_eager=True,
-                dtype="bfloat16",
-                **release_compat.engine_flags(flags),
-            )
-            config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+            config = release_compat.engine_config(model_dir, flags)
             release_compat.check_v1_engine()
             with set_current_vllm_config(config):
                 _init_distributed()

@@ -28,12 +28,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import lcm
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from exporter.capacity.releases import parse_version
 from exporter.capacity.specs import cdiv
 from exporter.capacity.value import EngineCapacity, GroupCapacity
 from exporter.errors import ConfigError, UnsupportedConfiguration
+
+if TYPE_CHECKING:
+    from exporter.capacity.settings import EngineSettings
 
 # SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT = mmap.PAGESIZE: 4 KiB on x86-64 and arm64 Linux.
 CHUNK_ALIGNMENT_BYTES: Final = 4096
@@ -139,7 +142,7 @@ class OffloadTierPlan:
 
     medium: str
     backend: str
-    vllm_version: str  # the release whose offloading rules applied (OFFLOAD_RELEASES)
+    rules_release: str  # the first release of the offloading rules that applied (OFFLOAD_RELEASES)
     cpu_bytes: int
     worker_kv_bytes_per_block: int
     copies: int
@@ -165,18 +168,20 @@ def plan_offload(
     world_size: int,
     tensor_parallel_size: int,
     platform: str,
-    use_mla: bool,
     vllm_version: str | None = None,
 ) -> OffloadTierPlan:
     """The tier vLLM cuts from `settings` for the engine `capacity` describes."""
     rules = offload_rules(vllm_version)
     if capacity.num_gpu_blocks is None or not capacity.groups:
         raise ConfigError("the offload tier needs the engine's GPU plan (blocks and groups)")
+    if not capacity.bytes_per_block_per_worker:
+        # Without a worker's bytes per block every chunk would be 0 bytes: no figure at all.
+        raise ConfigError("the offload tier needs the engine's bytes per block")
     # What build_offloading_config reads from worker 0's tensors (see OFFLOAD_RELEASES).
-    per_block = capacity.bytes_per_block_per_worker[0] if capacity.bytes_per_block_per_worker else 0
+    per_block = capacity.bytes_per_block_per_worker[0]
     blocks_per_chunk = _blocks_per_chunk(capacity.groups, settings)
     replicated = (
-        use_mla
+        any(group.kind == "mla" for group in capacity.groups)
         and platform == "cuda"
         and tensor_parallel_size > 1
         and world_size == tensor_parallel_size
@@ -212,7 +217,7 @@ def plan_offload(
     return OffloadTierPlan(
         medium=settings.medium,
         backend=settings.backend,
-        vllm_version=".".join(map(str, rules.release)),
+        rules_release=".".join(map(str, rules.release)),
         cpu_bytes=settings.cpu_bytes,
         worker_kv_bytes_per_block=per_block,
         copies=copies,
@@ -223,6 +228,21 @@ def plan_offload(
         prefix_len=prefix_len,
         capacity_tokens=_tokens(num_chunks, sum(needed), prefix_len),
         stored_tokens=_tokens(num_chunks, stored, prefix_len),
+    )
+
+
+def plan_engine_offload(
+    capacity: EngineCapacity, engine: EngineSettings, settings: OffloadSettings
+) -> OffloadTierPlan:
+    """The tier `settings` give the engine kvcap planned from `engine` (its GPU plan:
+    `capacity`), under the rules of the engine's release."""
+    return plan_offload(
+        capacity,
+        settings,
+        world_size=engine.world_size,
+        tensor_parallel_size=engine.tensor_parallel_size,
+        platform=engine.platform,
+        vllm_version=engine.vllm_version,
     )
 
 

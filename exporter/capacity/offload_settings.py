@@ -84,7 +84,7 @@ def offload_settings(
         size = offload_size_bytes(size_gib, host_memory_bytes)
         if chosen == "lmcache":
             return None
-        return _native(size, extra)
+        return native_settings(size, transfer_config)
     if connector is None:
         return None
     if connector in LMCACHE_CONNECTORS:
@@ -101,7 +101,7 @@ def offload_settings(
             "kv_connector_extra_config.cpu_bytes_to_use"
         )
     size = offload_size_bytes(raw / GIB, host_memory_bytes, "--kv-transfer-config cpu_bytes_to_use")
-    return _native(size, extra)
+    return native_settings(size, transfer_config)
 
 
 def uses_lmcache(*, backend: str | None, transfer_config: Mapping[str, Any] | None) -> bool:
@@ -129,7 +129,10 @@ def _extra_config(transfer_config: Mapping[str, Any] | None) -> Mapping[str, Any
     return extra
 
 
-def _native(size: int, extra: Mapping[str, Any]) -> OffloadSettings:
+def native_settings(cpu_bytes: int, transfer_config: Mapping[str, Any] | None) -> OffloadSettings:
+    """The native tier of `cpu_bytes` with the chunk size of the transfer config's
+    `kv_connector_extra_config` (`blocks_per_chunk` or `block_size`, checked)."""
+    extra = _extra_config(transfer_config)
     chunk = {key: _positive(extra, key) for key in ("blocks_per_chunk", "block_size")}
     if chunk["blocks_per_chunk"] is not None and chunk["block_size"] is not None:
         raise UsageError(
@@ -137,7 +140,7 @@ def _native(size: int, extra: Mapping[str, Any]) -> OffloadSettings:
             "in kv_connector_extra_config"
         )
     return OffloadSettings(
-        cpu_bytes=size,
+        cpu_bytes=cpu_bytes,
         blocks_per_chunk=chunk["blocks_per_chunk"],
         tokens_per_chunk=chunk["block_size"],
     )

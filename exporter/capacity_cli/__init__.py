@@ -269,6 +269,7 @@ def _run_sweep(
     outcomes: list[Outcome | Exception] = []
     for vllm in combinations(base.vllm, axes):
         try:
+            check_offload_flags(vllm, args.host_memory)  # a row's tier, as the base's
             outcomes.append(plan(inputs_for(args, vllm, base.model, base.config)))
         except KvcapError as error:  # one bad combination is one row, not a failed sweep
             outcomes.append(error)

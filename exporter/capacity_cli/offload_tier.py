@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from exporter.capacity import CapacityResult, EngineSettings
-from exporter.capacity.offload import GIB, OffloadTierPlan, plan_offload
+from exporter.capacity.offload import GIB, OffloadTierPlan, plan_engine_offload
 from exporter.capacity.offload_settings import (
     offload_settings,
     parse_transfer_config,
@@ -65,15 +65,7 @@ def engine_tier(
     if tier is None:
         return None
     try:
-        return plan_offload(
-            result.capacity,
-            tier,
-            world_size=settings.tensor_parallel_size * settings.pipeline_parallel_size,
-            tensor_parallel_size=settings.tensor_parallel_size,
-            platform=settings.platform,
-            use_mla=any(group.kind == "mla" for group in result.capacity.groups),
-            vllm_version=settings.vllm_version,
-        )
+        return plan_engine_offload(result.capacity, settings, tier)
     except ConfigError as error:
         raise UsageError(f"--kv-transfer-config: {error}") from None
 
@@ -94,7 +86,7 @@ def tier_document(tier: EngineTier | None) -> dict[str, Any] | None:
     return {
         "backend": tier.backend,
         "medium": tier.medium,
-        "vllm_rules": tier.vllm_version,
+        "vllm_rules": tier.rules_release,
         "cpu_bytes": tier.cpu_bytes,
         "worker_kv_bytes_per_block": tier.worker_kv_bytes_per_block,
         "copies_per_chunk": tier.copies,
@@ -132,7 +124,7 @@ def tier_lines(tier: EngineTier | None) -> list[str]:
         ]
     lines = [
         "",
-        f"offload tier (native, {tier.medium}; offloading code of vLLM {tier.vllm_version}+): "
+        f"offload tier (native, {tier.medium}; offloading code of vLLM {tier.rules_release}+): "
         f"{tier.cpu_bytes / GIB:g} GiB -> {tier.num_chunks:,} chunks of "
         f"{tier.blocks_per_chunk} block(s), {tier.kv_bytes_per_chunk:,} bytes each "
         f"({tier.copies} worker cop{'y' if tier.copies == 1 else 'ies'} per chunk)",

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from exporter.capacity import CapacityResult, EngineCapacity
 from exporter.capacity.offload import OffloadSettings, OffloadTierPlan, plan_offload
-from exporter.capacity.offload_settings import parse_transfer_config
+from exporter.capacity.offload_settings import native_settings, parse_transfer_config
 from exporter.collectors.parsing import VllmServeArgs
-from exporter.errors import ConfigError, KvcapError
+from exporter.errors import KvcapError
 from exporter.state import OffloadGroupBlocks, OffloadTier
 
 
@@ -61,32 +61,22 @@ def cut_tier(
     or vLLM's own plan as the plugin sent it), cut as the release's offloading code cuts it.
     Raises KvcapError where it cannot be: no GPU plan, a release or model kvcap does not
     model, a chunk size vLLM would refuse."""
-    if not capacity.bytes_per_block_per_worker:
-        # Without a worker's bytes per block every chunk would be 0 bytes: no figure at all.
-        raise ConfigError("the offload tier needs the engine's bytes per block")
     cut = plan_offload(
         capacity,
         settings,
         world_size=world_size,
         tensor_parallel_size=tensor_parallel_size,
         platform=platform,
-        use_mla=any(group.kind == "mla" for group in capacity.groups),
         vllm_version=version,
     )
     return _as_tier(cut)
 
 
 def _settings(cpu_bytes: int, args: VllmServeArgs) -> OffloadSettings:
-    extra = {}
-    if args.kv_transfer_config is not None:
-        found = parse_transfer_config(args.kv_transfer_config).get("kv_connector_extra_config")
-        extra = found if isinstance(found, dict) else {}
-    per_chunk, tokens = extra.get("blocks_per_chunk"), extra.get("block_size")
-    return OffloadSettings(
-        cpu_bytes=cpu_bytes,
-        blocks_per_chunk=per_chunk if type(per_chunk) is int else None,
-        tokens_per_chunk=tokens if type(tokens) is int else None,
-    )
+    """The configured bytes with the chunk size of the engine's `--kv-transfer-config`, read
+    as the planner reads it (a chunk size vLLM would refuse raises UsageError)."""
+    transfer = args.kv_transfer_config
+    return native_settings(cpu_bytes, None if transfer is None else parse_transfer_config(transfer))
 
 
 def _as_tier(cut: OffloadTierPlan) -> OffloadTier:

@@ -169,6 +169,27 @@ def test_the_sweep_takes_the_offload_size(capsys: pytest.CaptureFixture[str]) ->
     assert chunks == [(8 << 30) // 393_216, (64 << 30) // 393_216]
 
 
+def test_a_sweep_row_larger_than_the_host_is_an_error_row(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli.main(
+        [
+            "capacity",
+            "--json",
+            "--host-memory",
+            "512GiB",
+            "--sweep",
+            "kv-offloading-size=8,600",
+            *BASE[1:],
+        ]
+    )
+    documents = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert documents[0]["result"]["offload"]["cpu_bytes"] == 8 << 30
+    assert documents[1]["result"] is None
+    assert "host" in documents[1]["error"]["message"]
+
+
 def test_a_golden_record_through_the_command_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from exporter.capacity import derive_capacity, settings_from_record
-from exporter.capacity.offload import OffloadTierPlan, plan_offload
+from exporter.capacity.offload import OffloadTierPlan, plan_engine_offload
 from exporter.capacity.offload_settings import offload_settings
 from exporter.errors import KvcapError
 from tests.conftest import GOLDEN
@@ -44,15 +44,7 @@ def plan_record(record: dict[str, Any]) -> OffloadTierPlan:
         transfer_config=settings.get("kv_transfer_config"),
     )
     assert tier is not None
-    return plan_offload(
-        result.capacity,
-        tier,
-        world_size=engine.tensor_parallel_size * engine.pipeline_parallel_size,
-        tensor_parallel_size=engine.tensor_parallel_size,
-        platform=engine.platform,
-        use_mla=any(group.kind == "mla" for group in result.capacity.groups),
-        vllm_version=record["vllm_version"],
-    )
+    return plan_engine_offload(result.capacity, engine, tier)
 
 
 def test_the_records_cover_what_the_issue_asks() -> None:

@@ -41,7 +41,6 @@ def test_a_chunk_is_padded_to_the_page_and_holds_every_workers_share() -> None:
         world_size=2,
         tensor_parallel_size=2,
         platform="cuda",
-        use_mla=False,
     )
     assert tier.kv_bytes_per_chunk == 8192  # 2 x 4,000 bytes, up to 4 KiB pages
     assert tier.num_chunks == 10
@@ -52,7 +51,7 @@ def test_a_chunk_is_padded_to_the_page_and_holds_every_workers_share() -> None:
 def test_mla_on_tp_only_keeps_one_copy_on_cuda_not_on_cpu() -> None:
     engine = _engine(_group("mla"))
     settings = OffloadSettings(cpu_bytes=1 << 20)
-    kwargs = {"world_size": 2, "tensor_parallel_size": 2, "use_mla": True}
+    kwargs = {"world_size": 2, "tensor_parallel_size": 2}
     assert plan_offload(engine, settings, platform="cuda", **kwargs).copies == 1  # type: ignore[arg-type]
     assert plan_offload(engine, settings, platform="cpu", **kwargs).copies == 2  # type: ignore[arg-type]
 
@@ -64,7 +63,6 @@ def test_a_hit_needs_only_the_windows_of_a_hybrid() -> None:
         world_size=1,
         tensor_parallel_size=1,
         platform="cuda",
-        use_mla=False,
     )
     assert tier.num_chunks == 6600
     # A 1,024-token prefix: 64 chunks per group stored, 4 + 64 needed for a hit.
@@ -77,7 +75,7 @@ def test_a_hit_needs_only_the_windows_of_a_hybrid() -> None:
 def test_chunked_local_windows_from_0_28_refused_before() -> None:
     engine = _engine(_group("chunked_local", chunk=128), _group("full_attention"))
     settings = OffloadSettings(cpu_bytes=1 << 24)
-    common = {"world_size": 1, "tensor_parallel_size": 1, "platform": "cuda", "use_mla": False}
+    common = {"world_size": 1, "tensor_parallel_size": 1, "platform": "cuda"}
     with pytest.raises(UnsupportedConfiguration, match="chunked local"):
         plan_offload(engine, settings, vllm_version="0.27.0", **common)  # type: ignore[arg-type]
     new = plan_offload(engine, settings, vllm_version="0.28.0", **common)  # type: ignore[arg-type]
@@ -87,11 +85,24 @@ def test_chunked_local_windows_from_0_28_refused_before() -> None:
 
 def test_a_chunk_in_tokens_must_be_whole_blocks() -> None:
     engine = _engine(_group("full_attention"))
-    common = {"world_size": 1, "tensor_parallel_size": 1, "platform": "cuda", "use_mla": False}
+    common = {"world_size": 1, "tensor_parallel_size": 1, "platform": "cuda"}
     four = plan_offload(engine, OffloadSettings(cpu_bytes=1 << 20, tokens_per_chunk=64), **common)  # type: ignore[arg-type]
     assert four.blocks_per_chunk == 4
     with pytest.raises(ConfigError, match="multiple of the GPU block size"):
         plan_offload(engine, OffloadSettings(cpu_bytes=1 << 20, tokens_per_chunk=40), **common)  # type: ignore[arg-type]
+
+
+def test_a_plan_without_bytes_per_block_is_refused() -> None:
+    """A pipeline-parallel engine's plan from the plugin: every chunk would be 0 bytes."""
+    engine = EngineCapacity(num_gpu_blocks=1000, groups=(_group("full_attention"),))
+    with pytest.raises(ConfigError, match="bytes per block"):
+        plan_offload(
+            engine,
+            OffloadSettings(cpu_bytes=1 << 20),
+            world_size=2,
+            tensor_parallel_size=1,
+            platform="cuda",
+        )
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,11 @@ def test_a_chunk_of_several_blocks_from_the_transfer_config() -> None:
             """ --kv-transfer-config '{"kv_connector_extra_config": {"block_size": 100}}'""",
             "0.32.0",
         ),
+        # A chunk size the planner refuses (not a whole number): not guessed at.
+        (
+            """ --kv-transfer-config '{"kv_connector_extra_config": {"block_size": "512"}}'""",
+            "0.32.0",
+        ),
     ],
 )
 def test_what_cannot_be_cut_keeps_the_configured_bytes_only(extra: str, version: str) -> None:

@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Final
 
+from exporter.capacity.offload import GIB
 from exporter.collectors.parsing.cache_config_info import CacheConfigInfo, InfoLabels
 from exporter.collectors.parsing.exposition import MalformedExposition, Sample
 from exporter.state import OffloadTier
@@ -28,7 +29,6 @@ FAMILY: Final = "vllm:kv_offload_config_info"
 MAX_MEDIUMS: Final = 8
 _MEDIUM = re.compile(r"([a-z][a-z0-9]{0,15})_num_chunks")
 _LIMIT: Final = 2**63  # vLLM's integers are int64 at most, and so must their products be
-GIB: Final = 1 << 30
 
 
 def parse_offload_info(samples: Iterable[Sample]) -> dict[str, tuple[OffloadTier, ...]]:
