@@ -27,6 +27,7 @@ from exporter.capacity import (
     blocks_for_bytes,
     kind_of_spec_type,
 )
+from exporter.collectors.error_tally import ErrorTally
 from exporter.collectors.handshake_admission import (
     STALE_AFTER_HEARTBEATS,
     Admission,
@@ -207,11 +208,23 @@ class HandshakeReceiver:
         self.clock = clock
         # The admission limits are settings of the same names.
         self.admission = Admission(converted(settings, AdmissionLimits), clock)
+        # Rejections wait here for `flush`: a flood is one state change per reason.
+        self.tally = ErrorTally(NAME)
 
     def handle(self, frames: list[bytes]) -> None:
+        """Apply one message and count its rejection in the state at once."""
+        self.receive(frames)
+        self.flush()
+
+    def receive(self, frames: list[bytes]) -> None:
+        """Apply one message; a rejection is tallied until the next `flush`."""
         reason, message = self._apply(frames)
         if reason is not None:
-            self.sink.reject(NAME, self.endpoint, reason, message)
+            self.tally.count(reason, self.endpoint, message)
+
+    def flush(self) -> None:
+        """Hand the tallied rejections to the state, one change per reason."""
+        self.tally.flush(self.sink)
 
     def _apply(self, frames: list[bytes]) -> tuple[str | None, str]:
         """None when the message was applied, else (reason, message) of the rejection."""
@@ -319,7 +332,6 @@ class HandshakeCollector:
         prepare_ipc_directory(endpoint)
         socket = self._context.socket(zmq.PULL)
         socket.setsockopt(zmq.RCVHWM, self.settings.receive_hwm)
-        # ZMQ drops the connection of a peer that sends a larger message.
         # ZMQ drops the connection of a peer that sends a frame this large before buffering
         # it (the check is per frame); a frame just over the cap still arrives, is refused
         # and counted (frame_too_large).
@@ -356,11 +368,19 @@ class HandshakeCollector:
             self.sweeps += 1
 
     def _receive_all(self) -> bool:
-        """Handle the queued messages, at most a batch of them; False when the socket is
-        gone. A peer that sends faster than they are handled must not keep the thread from
-        its liveness sweep and its stop flag."""
-        assert self._socket is not None
+        """Handle the queued messages, at most a batch of them, and count the batch's
+        rejections in the state; False when the socket is gone. A peer that sends faster
+        than they are handled must not keep the thread from its liveness sweep and its
+        stop flag."""
         assert self.receiver is not None
+        try:
+            return self._receive_batch(self.receiver)
+        finally:
+            self.receiver.flush()
+
+    def _receive_batch(self, receiver: HandshakeReceiver) -> bool:
+        assert self._socket is not None
+        endpoint = receiver.endpoint
         for _ in range(_RECEIVE_BATCH):
             if self._stop.is_set():
                 return True
@@ -371,20 +391,14 @@ class HandshakeCollector:
             except zmq.ZMQError:
                 return False
             if count > MAX_FRAMES:
-                self.receiver.sink.reject(
-                    NAME, self.receiver.endpoint, "wrong_frame_count", f"{count} frames"
-                )
-            else:
-                try:
-                    self.receiver.handle(frames)
-                except Exception as error:  # a bug must not end the thread and its sweeps
-                    log.exception("collector_internal_error", endpoint=self.receiver.endpoint)
-                    self.receiver.sink.reject(
-                        NAME,
-                        self.receiver.endpoint,
-                        "internal_error",
-                        f"{type(error).__name__}: {str(error)[:200]}",
-                    )
+                receiver.tally.count("wrong_frame_count", endpoint, f"{count} frames")
+                continue
+            try:
+                receiver.receive(frames)
+            except Exception as error:  # a bug must not end the thread and its sweeps
+                log.exception("collector_internal_error", endpoint=endpoint)
+                message = f"{type(error).__name__}: {str(error)[:200]}"
+                receiver.tally.count("internal_error", endpoint, message)
         return True
 
     def stop(self, timeout_s: float) -> None:

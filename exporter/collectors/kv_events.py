@@ -28,9 +28,10 @@ from typing import Any
 
 import zmq
 
+from exporter.collectors.error_tally import ErrorTally
 from exporter.collectors.kv_events_book import EngineHint, ResidencyBook, engine_hints
 from exporter.collectors.kv_events_endpoints import parse_endpoint_flag
-from exporter.collectors.kv_events_log import ErrorTally, LimitedLog
+from exporter.collectors.kv_events_log import LimitedLog
 from exporter.collectors.kv_events_subscription import (
     DEFAULT_MAX_REPLAYS,
     DEFAULT_MAX_STREAM_BYTES_PER_S,

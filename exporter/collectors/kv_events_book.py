@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from exporter.collectors.kv_events_log import ErrorTally, LimitedLog
+from exporter.collectors.error_tally import ErrorTally
+from exporter.collectors.kv_events_log import LimitedLog
 from exporter.collectors.kv_events_subscription import LOGGER
 from exporter.prefix_cache import DEFAULT_MAX_BLOCKS, DEFAULT_MAX_GROUPS, EngineResidency
 from exporter.state import KvEventsEndpoint, ResidencyView, Snapshot

@@ -5,19 +5,18 @@ A hostile or broken publisher can make the same thing happen on every batch (a s
 that goes back, a gap whose replay never answers, a batch past a bound); each cause is
 logged when it first happens, then at most once per `interval_s` with how many lines were
 left out meanwhile. The counts reach `kvcap_collector_errors_total{collector="kv_events"}`
-whole, in one state change per reason and tick rather than one per batch.
+whole, in one state change per reason and tick rather than one per batch
+(exporter/collectors/error_tally.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final
 
 import structlog
 
-from exporter.state import StateSink
 from exporter.state.log_limit import LogLimit
 
 LOG_INTERVAL_S: Final = 60.0
@@ -52,30 +51,3 @@ class LimitedLog:
         if left_out:
             fields["suppressed"] = left_out  # lines of this cause not written since the last
         write(event, **fields)
-
-
-@dataclass(slots=True)
-class _Count:
-    target: str
-    message: str
-    count: int
-
-
-class ErrorTally:
-    """Errors of the collector by reason, handed to the state on each tick."""
-
-    def __init__(self, collector: str) -> None:
-        self._collector = collector
-        self._pending: dict[str, _Count] = {}
-
-    def count(self, reason: str, target: str, message: str, count: int = 1) -> None:
-        found = self._pending.get(reason)
-        if found is None:
-            self._pending[reason] = _Count(target, message, count)
-        else:
-            found.count += count
-
-    def flush(self, sink: StateSink) -> None:
-        pending, self._pending = self._pending, {}
-        for reason, found in pending.items():
-            sink.reject(self._collector, found.target, reason, found.message, count=found.count)

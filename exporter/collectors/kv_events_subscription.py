@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from exporter.collectors.kv_events_log import ErrorTally, LimitedLog
+from exporter.collectors.error_tally import ErrorTally
+from exporter.collectors.kv_events_log import LimitedLog
 from exporter.collectors.kv_events_replay import Replay
 from exporter.collectors.kv_events_sequence import Step, classify, missing_from
 from exporter.kv_events_wire import (
