@@ -28,9 +28,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# One lost or late heartbeat is not a dead engine, three in a row are (the default stale
-# window, in heartbeat intervals of the engine).
-STALE_AFTER_HEARTBEATS = 3
+from exporter.collectors.handshake_settings import STALE_AFTER_HEARTBEATS, HandshakeSettings
+
 # The shortest time an instance holds its index after its last message, whatever interval
 # it announces: a forged engine announcing the 50 ms minimum cannot flip every 150 ms.
 MIN_HOLD_S = 1.0
@@ -56,18 +55,6 @@ class RateGuard:
             return False
         self.tokens -= 1
         return True
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionLimits:
-    max_engines: int
-    max_messages_per_s: float
-    max_messages_per_engine_per_s: float
-    max_groups_per_engine: int
-    max_workers_per_engine: int
-    max_series_rows: int
-    # None: STALE_AFTER_HEARTBEATS of the interval the instance announces.
-    stale_after_s: float | None = None
 
 
 class Refused(Exception):
@@ -118,12 +105,13 @@ class Admission:
     """The engines the receiver holds, and the rules a message must pass to change them."""
 
     def __init__(
-        self, limits: AdmissionLimits, clock: Callable[[], float] = time.monotonic
+        self, settings: HandshakeSettings, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.limits = limits
+        # The limits are the handshake's settings: engines, rates, groups, workers, rows.
+        self.limits = settings
         self.clock = clock
         self.held: dict[str, HeldEngine] = {}
-        self.guard = RateGuard(limits.max_messages_per_s, clock)
+        self.guard = RateGuard(settings.max_messages_per_s, clock)
         self.rows = 0  # groups + workers + devices over every held engine
 
     def stale_window_s(self, held: HeldEngine) -> float:
