@@ -237,18 +237,11 @@ class HandshakeReceiver:
     def sweep(self) -> None:
         """Apply the liveness windows now: an engine silent past the stale window is marked
         stale in the state, one silent past the forget window removed from it."""
-        now = self.clock()
-        for engine, held in list(self.admission.held.items()):
-            if held.interval_s is None:
-                continue  # a v1 plugin's engine: no heartbeat, no liveness
-            silent_s = now - held.heard_at_s
-            if silent_s > self.settings.forget_after_s:
-                self.admission.forget(engine)
-                self.sink.remove_engine(NAME, self.endpoint, engine, held.instance_id)
-                continue
-            if silent_s > self.admission.stale_window_s(held) and not held.stale:
-                held.stale = True
-                self.sink.mark_engine_stale(NAME, self.endpoint, engine, held.instance_id)
+        forgotten, stale = self.admission.sweep()
+        for engine, held in forgotten:
+            self.sink.remove_engine(NAME, self.endpoint, engine, held.instance_id)
+        for engine, held in stale:
+            self.sink.mark_engine_stale(NAME, self.endpoint, engine, held.instance_id)
 
 
 class HandshakeCollector:

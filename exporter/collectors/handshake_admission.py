@@ -195,6 +195,26 @@ class Admission:
         if held is not None and held.instance_id == instance_id:
             self.forget(engine)
 
+    def sweep(self) -> tuple[list[tuple[str, HeldEngine]], list[tuple[str, HeldEngine]]]:
+        """The liveness windows applied now, to the engines of a heartbeating plugin (a v1
+        plugin's have no liveness): (forgotten, stale), the instances silent past the forget
+        window, which no longer hold their index, and those silent past their stale window
+        for the first time, now marked stale; each with its engine."""
+        now = self.clock()
+        forgotten: list[tuple[str, HeldEngine]] = []
+        stale: list[tuple[str, HeldEngine]] = []
+        for engine, held in list(self.held.items()):
+            if held.interval_s is None:
+                continue
+            silent_s = now - held.heard_at_s
+            if silent_s > self.limits.forget_after_s:
+                self.forget(engine)
+                forgotten.append((engine, held))
+            elif silent_s > self.stale_window_s(held) and not held.stale:
+                held.stale = True
+                stale.append((engine, held))
+        return forgotten, stale
+
     def forget(self, engine: str) -> None:
         held = self.held.pop(engine, None)
         if held is not None:
