@@ -159,18 +159,23 @@ class HandshakeReceiver:
 
     def receive(self, frames: list[bytes]) -> None:
         """Apply one message; a rejection is tallied until the next `flush`."""
-        reason, message = self._apply(frames)
-        if reason is not None:
+        try:
+            rejection = self._apply(frames)
+        except Refused as refused:
+            rejection = refused.reason, str(refused)
+        if rejection is not None:
+            reason, message = rejection
             self.tally.count(reason, self.endpoint, message)
 
     def flush(self) -> None:
         """Hand the tallied rejections to the state, one change per reason."""
         self.tally.flush(self.sink)
 
-    def _apply(self, frames: list[bytes]) -> tuple[str | None, str]:
-        """None when the message was applied, else (reason, message) of the rejection."""
+    def _apply(self, frames: list[bytes]) -> tuple[str, str] | None:
+        """Apply one message, or raise Refused and change nothing; a message applied with
+        a rejection (a bad offload setting) returns it as (reason, message)."""
         if any(len(frame) > self.settings.max_frame_bytes for frame in frames):
-            return "frame_too_large", f"a frame over {self.settings.max_frame_bytes} bytes"
+            raise Refused("frame_too_large", f"a frame over {self.settings.max_frame_bytes} bytes")
         topic = frames[0] if frames else b""
         kinds = {
             READY_V2_TOPIC: (self._ready_v2, (3, 4)),
@@ -178,17 +183,14 @@ class HandshakeReceiver:
             BYE_TOPIC: (self._bye, (2,)),
         }
         if topic not in kinds:
-            return "unknown_topic", f"topic {topic[:40]!r}"
+            raise Refused("unknown_topic", f"topic {topic[:40]!r}")
         apply, frame_counts = kinds[topic]
         if len(frames) not in frame_counts:
-            return "wrong_frame_count", f"{len(frames)} frames for {topic!r}"
+            raise Refused("wrong_frame_count", f"{len(frames)} frames for {topic!r}")
         try:
-            rejection = apply(frames)
+            return apply(frames)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as error:
-            return "malformed_frame", str(error)[:200] or type(error).__name__
-        except Refused as refused:
-            return refused.reason, str(refused)
-        return rejection or (None, "")
+            raise Refused("malformed_frame", str(error)[:200] or type(error).__name__) from None
 
     def _ready(self, frames: list[bytes]) -> tuple[str, str] | None:
         """v1, the previous plugin: sent once, so the engine has no liveness but its bye."""
