@@ -63,6 +63,10 @@ class HandshakeSettings:
     socket_mode: int = 0o600
 
 
+# The flags' defaults are the settings' own.
+_DEFAULTS = HandshakeSettings()
+
+
 def _socket_mode(text: str) -> int:
     try:
         mode = int(text, 8)
@@ -95,7 +99,7 @@ def _add_socket_arguments(group: FlagGroup) -> None:
         "--handshake.max-frame-size",
         metavar="SIZE",
         type=size,
-        default=64 * 2**10,
+        default=_DEFAULTS.max_frame_bytes,
         default_text="64KiB",
         help="largest accepted frame; ZMQ drops a peer that sends a larger one",
     )
@@ -103,14 +107,14 @@ def _add_socket_arguments(group: FlagGroup) -> None:
         "--handshake.receive-hwm",
         metavar="MESSAGES",
         type=positive_int,
-        default=1000,
+        default=_DEFAULTS.receive_hwm,
         help="ZMQ receive high-water mark: messages queued before ZMQ drops",
     )
     group.add(
         "--handshake.max-rate",
         metavar="PER_SECOND",
         type=positive_number,
-        default=200.0,
+        default=_DEFAULTS.max_messages_per_s,
         default_text="200",
         help="messages per second accepted before dropping",
     )
@@ -129,7 +133,7 @@ def _add_engine_arguments(group: FlagGroup) -> None:
         "--handshake.socket-mode",
         metavar="MODE",
         type=_socket_mode,
-        default=0o600,
+        default=_DEFAULTS.socket_mode,
         default_text="0600",
         help="mode of an ipc:// socket file (0600: kvcap's user and root may push; "
         "0660 also lets a vLLM of the same group in)",
