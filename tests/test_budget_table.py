@@ -170,11 +170,6 @@ def _function_reasons(function: ast.FunctionDef) -> Iterator[tuple[str, str]]:
         for node in ast.walk(function):
             if isinstance(node, ast.Return):
                 yield from (("collector", r) for r in _strings(node.value))
-    # HandshakeReceiver._apply: (reason, message) pairs.
-    if function.name == "_apply":
-        for node in ast.walk(function):
-            if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple):
-                yield from (("collector", r) for r in _strings(node.value.elts[0]))
 
 
 DECLARED = {
@@ -201,8 +196,8 @@ def test_the_source_scan_finds_the_reasons_it_is_meant_to() -> None:
         ("collector", "dns"),  # returned by _network_reason
         ("collector", "too_many_samples"),  # reason="..."
         ("collector", "malformed_exposition"),  # a parameter's default
-        ("collector", "unknown_topic"),  # HandshakeReceiver._apply
-        ("collector", "rate_limited"),  # Refused("...")
+        ("collector", "unknown_topic"),  # Refused("...") in HandshakeReceiver
+        ("collector", "rate_limited"),  # Refused("...") in Admission
         ("collector", "gpu_lost"),  # error_reason
         ("collector", "disconnected"),  # sink.fail(NAME, target, "...")
         ("collector", "malformed_batch"),  # sink.reject(NAME, target, "...")

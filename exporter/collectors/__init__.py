@@ -21,9 +21,9 @@ if TYPE_CHECKING:
     from exporter.collectors.handshake import (
         HandshakeCollector,
         HandshakeReceiver,
-        HandshakeSettings,
         engine_report,
     )
+    from exporter.collectors.handshake_settings import HandshakeSettings
     from exporter.collectors.http_fetch import FetchError, fetch
     from exporter.collectors.kv_events import KvEventsCollector
     from exporter.collectors.kv_events_endpoints import (
@@ -71,9 +71,9 @@ _NAMES: dict[str, tuple[str, ...]] = {
     "exporter.collectors.handshake": (
         "HandshakeCollector",
         "HandshakeReceiver",
-        "HandshakeSettings",
         "engine_report",
     ),
+    "exporter.collectors.handshake_settings": ("HandshakeSettings",),
     "exporter.collectors.http_fetch": ("FetchError", "fetch"),
     "exporter.collectors.kv_events": ("KvEventsCollector",),
     "exporter.collectors.kv_events_endpoints": (

@@ -28,9 +28,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# One lost or late heartbeat is not a dead engine, three in a row are (the default stale
-# window, in heartbeat intervals of the engine).
-STALE_AFTER_HEARTBEATS = 3
+from exporter.collectors.handshake_settings import STALE_AFTER_HEARTBEATS, HandshakeSettings
+
 # The shortest time an instance holds its index after its last message, whatever interval
 # it announces: a forged engine announcing the 50 ms minimum cannot flip every 150 ms.
 MIN_HOLD_S = 1.0
@@ -56,18 +55,6 @@ class RateGuard:
             return False
         self.tokens -= 1
         return True
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionLimits:
-    max_engines: int
-    max_messages_per_s: float
-    max_messages_per_engine_per_s: float
-    max_groups_per_engine: int
-    max_workers_per_engine: int
-    max_series_rows: int
-    # None: STALE_AFTER_HEARTBEATS of the interval the instance announces.
-    stale_after_s: float | None = None
 
 
 class Refused(Exception):
@@ -118,12 +105,13 @@ class Admission:
     """The engines the receiver holds, and the rules a message must pass to change them."""
 
     def __init__(
-        self, limits: AdmissionLimits, clock: Callable[[], float] = time.monotonic
+        self, settings: HandshakeSettings, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.limits = limits
+        # The limits are the handshake's settings: engines, rates, groups, workers, rows.
+        self.limits = settings
         self.clock = clock
         self.held: dict[str, HeldEngine] = {}
-        self.guard = RateGuard(limits.max_messages_per_s, clock)
+        self.guard = RateGuard(settings.max_messages_per_s, clock)
         self.rows = 0  # groups + workers + devices over every held engine
 
     def stale_window_s(self, held: HeldEngine) -> float:
@@ -206,6 +194,26 @@ class Admission:
         self._charge(held, due=False)
         if held is not None and held.instance_id == instance_id:
             self.forget(engine)
+
+    def sweep(self) -> tuple[list[tuple[str, HeldEngine]], list[tuple[str, HeldEngine]]]:
+        """The liveness windows applied now, to the engines of a heartbeating plugin (a v1
+        plugin's have no liveness): (forgotten, stale), the instances silent past the forget
+        window, which no longer hold their index, and those silent past their stale window
+        for the first time, now marked stale; each with its engine."""
+        now = self.clock()
+        forgotten: list[tuple[str, HeldEngine]] = []
+        stale: list[tuple[str, HeldEngine]] = []
+        for engine, held in list(self.held.items()):
+            if held.interval_s is None:
+                continue
+            silent_s = now - held.heard_at_s
+            if silent_s > self.limits.forget_after_s:
+                self.forget(engine)
+                forgotten.append((engine, held))
+            elif silent_s > self.stale_window_s(held) and not held.stale:
+                held.stale = True
+                stale.append((engine, held))
+        return forgotten, stale
 
     def forget(self, engine: str) -> None:
         held = self.held.pop(engine, None)

@@ -77,49 +77,34 @@ def with_offload(
     if extras is None or report.reported is None:
         return report, None
     try:
-        tiers = handshake_offload(
-            report.reported,
-            extras.settings,
-            world_size=report.world_size,
-            platform=report.platform,
-            version=report.vllm_version,
-        )
+        settings = plugin_offload_settings(extras.settings)
     except UsageError as error:
         return report, (BAD_OFFLOAD_SETTINGS, str(error)[:200])
-    return replace(report, offload=tiers), None
-
-
-def handshake_offload(
-    capacity: EngineCapacity,
-    values: ExtrasSettings,
-    *,
-    world_size: int | None,
-    platform: str | None,
-    version: str | None,
-) -> tuple[OffloadTier, ...]:
-    """The engine's tier cut from vLLM's plan; its configured bytes only where the plan
-    cannot cut it (no bytes per block: a pipeline-parallel engine). Raises UsageError on a
-    bad setting."""
-    settings = plugin_offload_settings(values)
     if settings is None:
-        return ()
-    workers = world_size or 1
-    tp = values.tensor_parallel_size
+        return replace(report, offload=()), None
+    tier = _cut(report, report.reported, settings, extras.settings.tensor_parallel_size)
+    return replace(report, offload=(tier,)), None
+
+
+def _cut(
+    report: EngineReport, capacity: EngineCapacity, settings: OffloadSettings, tp: Any
+) -> OffloadTier:
+    """The engine's tier cut from vLLM's plan; its configured bytes only where the plan
+    cannot cut it (no bytes per block: a pipeline-parallel engine)."""
+    workers = report.world_size or 1
     try:
-        return (
-            cut_tier(
-                capacity,
-                settings,
-                world_size=workers,
-                tensor_parallel_size=tp if _parallel_size(tp) else workers,
-                # Only an MLA model's copies depend on it: vLLM's platform is CUDA unless
-                # the plugin says otherwise.
-                platform=platform or "cuda",
-                version=version,
-            ),
+        return cut_tier(
+            capacity,
+            settings,
+            world_size=workers,
+            tensor_parallel_size=tp if _parallel_size(tp) else workers,
+            # Only an MLA model's copies depend on it: vLLM's platform is CUDA unless
+            # the plugin says otherwise.
+            platform=report.platform or "cuda",
+            version=report.vllm_version,
         )
     except KvcapError:
-        return (OffloadTier(settings.medium, capacity_bytes=settings.cpu_bytes, source="plugin"),)
+        return OffloadTier(settings.medium, capacity_bytes=settings.cpu_bytes, source="plugin")
 
 
 def _text(value: Any, name: str) -> str | None:

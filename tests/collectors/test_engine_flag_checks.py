@@ -7,7 +7,6 @@ import pytest
 
 from exporter.cli import parse
 from exporter.collectors import COLLECTORS, HandshakeCollector, HandshakeReceiver
-from exporter.collectors.handshake_admission import AdmissionLimits
 from exporter.errors import UsageError
 from exporter.state import StateStore
 
@@ -60,12 +59,7 @@ def test_the_handshake_window_may_be_left_to_the_heartbeats() -> None:
     assert isinstance(collector, HandshakeCollector)
     collector.stop(0)  # never started: this closes its ZMQ context
     receiver = HandshakeReceiver("tcp://127.0.0.1:9", StateStore(), collector.settings)
-    assert receiver.admission.limits == AdmissionLimits(
-        max_engines=65536,
-        max_messages_per_s=7.0,
-        max_messages_per_engine_per_s=collector.settings.max_messages_per_engine_per_s,
-        max_groups_per_engine=collector.settings.max_groups_per_engine,
-        max_workers_per_engine=collector.settings.max_workers_per_engine,
-        max_series_rows=collector.settings.max_series_rows,
-        stale_after_s=None,
-    )
+    assert receiver.admission.limits is collector.settings
+    assert collector.settings.max_engines == 65536
+    assert collector.settings.max_messages_per_s == 7.0
+    assert collector.settings.stale_after_s is None

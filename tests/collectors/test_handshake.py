@@ -11,8 +11,9 @@ from typing import Any, Self
 
 import pytest
 import zmq
+from structlog.testing import capture_logs
 
-from exporter.collectors import HandshakeCollector, HandshakeSettings
+from exporter.collectors import HandshakeCollector, HandshakeReceiver, HandshakeSettings
 from exporter.handshake_wire import (
     BYE_TOPIC,
     READY_TOPIC,
@@ -190,17 +191,41 @@ def test_a_bug_in_handling_one_message_is_counted_and_the_thread_goes_on(
     )
     assert listener.source.receiver is not None
     receiver = listener.source.receiver
-    handle = receiver.handle
+    receive = receiver.receive
     calls: list[int] = []
 
     def failing_once(frames: list[bytes]) -> None:
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("a bug")
-        handle(frames)
+        receive(frames)
 
-    monkeypatch.setattr(receiver, "handle", failing_once)
+    monkeypatch.setattr(receiver, "receive", failing_once)
     listener.send(message)
     listener.wait_for(lambda s: s.errors.get(("handshake", "internal_error")) == 1)
     listener.send(message)
     listener.wait_for(lambda s: len(s.engines) == 1)
+
+
+def test_a_batch_of_rejections_is_one_state_change_per_reason() -> None:
+    """Each count the state takes is a new snapshot: the collector tallies a batch's
+    rejections and hands each reason's total over once, whole."""
+    store = StateStore()
+    receiver = HandshakeReceiver("ipc://batch", store, HandshakeSettings())
+    version = store.snapshot().version
+    with capture_logs() as logs:
+        for _ in range(1000):
+            receiver.receive([b"junk"])
+            receiver.receive([READY_TOPIC, b"\x85\xa3abc"])
+        assert store.snapshot().version == version  # nothing handed over yet
+        receiver.flush()
+    snapshot = store.snapshot()
+    assert snapshot.errors == {
+        ("handshake", "unknown_topic"): 1000,
+        ("handshake", "malformed_frame"): 1000,
+    }
+    assert snapshot.version == version + 2
+    assert [line["reason"] for line in logs if line["event"] == "input_rejected"] == [
+        "unknown_topic",
+        "malformed_frame",
+    ]

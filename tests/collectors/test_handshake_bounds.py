@@ -14,7 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from exporter.collectors import HandshakeReceiver, HandshakeSettings
-from exporter.collectors.handshake import (
+from exporter.collectors.handshake_settings import (
     DEFAULT_MAX_ENGINES,
     DEFAULT_MAX_GROUPS,
     DEFAULT_MAX_SERIES_ROWS,

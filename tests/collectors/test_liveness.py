@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from exporter.cli import CommandLineParser
-from exporter.collectors import HandshakeCollector, HandshakeSettings, fetch, handshake, vllm_http
+from exporter.collectors import HandshakeCollector, HandshakeSettings, fetch, vllm_http
+from exporter.collectors.handshake_settings import add_arguments, settings_from_args
 from exporter.errors import ConfigError
 from exporter.exposition import build_exposition
 from exporter.flags import Flags
@@ -249,14 +250,12 @@ def test_bad_heartbeat_frames_are_counted_and_change_nothing(
 
 def handshake_args(**flags: Any) -> argparse.Namespace:
     parser = CommandLineParser()  # a bad value is a UsageError (a ConfigError), as in kvcap
-    handshake._add_arguments(Flags(parser).group("handshake"))
+    add_arguments(Flags(parser).group("handshake"))
     return parser.parse_args([f"--handshake.{k.replace('_', '-')}={v}" for k, v in flags.items()])
 
 
 def handshake_settings(**flags: Any) -> HandshakeSettings:
-    source = handshake._build(handshake_args(**flags))
-    source.stop(0.0)  # never started: this only ends its ZMQ context
-    return source.settings
+    return settings_from_args(handshake_args(**flags))
 
 
 def test_handshake_liveness_flags() -> None:
