@@ -189,21 +189,38 @@ def test_the_hf_cache_variables_of_the_vllm_process_are_read_from_proc(tmp_path:
     assert vllm_processes.discover_hf_environ(proc, 8000) == {}
 
 
-def test_a_hugging_face_id_found_through_the_vllm_process_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The sidecar's own HF_HOME points elsewhere; vLLM's (read from /proc) has the model."""
+def _gemma_served_by_a_vllm_process(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    sidecar_hf_home: Path,
+    vllm_hf_home: Path | None,
+) -> tuple[SimulatedVllm, SimulatedVllm, str, Path, int]:
+    """Gemma 3 cached under models/huggingface, served by id from a simulated vLLM whose
+    process (pid 17 in a fake /proc) names it; the sidecar's HF_HOME and the vLLM
+    process's (None: not set) as the test says. (deployment, served, url, /proc, port)"""
     local = simulated_deployment(tmp_path / "local")
-    home = tmp_path / "models" / "huggingface"
-    _cache_gemma(home / "hub", local)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "elsewhere"))
+    _cache_gemma(tmp_path / "models" / "huggingface" / "hub", local)
+    monkeypatch.setenv("HF_HOME", str(sidecar_hf_home))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     simulation = dataclasses.replace(local, model_path="google/gemma-3-27b-it", engines={})
     url = simulation.start()
     proc = tmp_path / "proc"
     port = int(url.rpartition(":")[2])
     argv = ["vllm", "serve", "google/gemma-3-27b-it", "--port", str(port)]
-    _fake_vllm_process(proc, 17, argv, {"HF_HOME": str(home)})
+    environ = {} if vllm_hf_home is None else {"HF_HOME": str(vllm_hf_home)}
+    _fake_vllm_process(proc, 17, argv, environ)
+    return local, simulation, url, proc, port
+
+
+def test_a_hugging_face_id_found_through_the_vllm_process_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sidecar's own HF_HOME points elsewhere; vLLM's (read from /proc) has the model."""
+    home = tmp_path / "models" / "huggingface"
+    local, simulation, url, proc, _ = _gemma_served_by_a_vllm_process(
+        tmp_path, monkeypatch, sidecar_hf_home=tmp_path / "elsewhere", vllm_hf_home=home
+    )
     real = vllm_processes.discover_hf_environ
     monkeypatch.setattr(vllm_http, "discover_hf_environ", lambda port: real(proc, port))
     views = _polled_once(simulation, url)
@@ -218,17 +235,10 @@ def test_a_poll_looks_for_the_vllm_command_line_once(
 ) -> None:
     """A served Hugging Face id, found through the vLLM process in /proc: the poll that
     looks it up in the cache uses the command line it found, not a second walk of /proc."""
-    local = simulated_deployment(tmp_path / "local")
     home = tmp_path / "models" / "huggingface"
-    _cache_gemma(home / "hub", local)
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    simulation = dataclasses.replace(local, model_path="google/gemma-3-27b-it", engines={})
-    url = simulation.start()
-    proc = tmp_path / "proc"
-    port = int(url.rpartition(":")[2])
-    argv = ["vllm", "serve", "google/gemma-3-27b-it", "--port", str(port)]
-    _fake_vllm_process(proc, 17, argv, {})
+    _, simulation, url, proc, port = _gemma_served_by_a_vllm_process(
+        tmp_path, monkeypatch, sidecar_hf_home=home, vllm_hf_home=None
+    )
     walks = []
 
     def discover(port: int | None = None, **kwargs: object) -> object:
