@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from exporter.bounded_files import (
 )
 from exporter.errors import ConfigError
 from exporter.model_config import load_model_config
+from tests.support.fifo import refusal_of_a_fifo
 
 # The 1 KiB "billion laughs": nine levels of nine aliases, 9**9 leaves expanded.
 BILLION_LAUGHS = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
@@ -38,23 +38,10 @@ def test_a_regular_file_at_its_cap_is_read_whole_and_one_byte_past_it_is_refused
 
 
 def test_a_fifo_is_refused_at_once_without_waiting_for_a_writer(tmp_path: Path) -> None:
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    done: list[BaseException] = []
-
-    def read() -> None:
-        try:
-            read_regular_file(fifo, max_bytes=100)
-        except FileRefused as error:
-            done.append(error)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(5)  # open() of a FIFO without O_NONBLOCK would wait here for good
-    assert not reader.is_alive()
-    assert [str(e) for e in done] == ["a FIFO, not a regular file (kvcap reads only those)"]
-    assert isinstance(done[0], FileRefused)
-    assert done[0].reason == "file_not_regular"
+    error = refusal_of_a_fifo(tmp_path / "fifo", lambda f: read_regular_file(f, max_bytes=100))
+    assert isinstance(error, FileRefused)
+    assert str(error) == "a FIFO, not a regular file (kvcap reads only those)"
+    assert error.reason == "file_not_regular"
 
 
 def test_a_device_is_refused_before_anything_is_read() -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from hypothesis import strategies as st
 from exporter.errors import ConfigError
 from exporter.web import WebConfigWatcher, parse_web_config, read_web_config_file
 from exporter.web.config import MAX_HEADER_VALUE_BYTES, MAX_HEADERS_BYTES, MAX_WEB_CONFIG_BYTES
+from tests.support.fifo import refusal_of_a_fifo
 from tests.web.conftest import StartServer, get
 
 CSP = "http_server_config:\n  headers:\n    Content-Security-Policy: {}\n"
@@ -104,24 +103,9 @@ def test_a_huge_user_name_is_shown_short() -> None:
 
 
 def test_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
-    fifo = tmp_path / "web.yml"
-    os.mkfifo(fifo)
-    result: list[BaseException] = []
-
-    def read() -> None:
-        try:
-            read_web_config_file(fifo)
-        except ConfigError as error:
-            result.append(error)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(10)
-    if reader.is_alive():  # unblock it: a writer lets the blocked open() return
-        with open(fifo, "w"):
-            pass
-        pytest.fail("reading a FIFO blocked")
-    assert "not a regular file" in str(result[0])
+    error = refusal_of_a_fifo(tmp_path / "web.yml", read_web_config_file, timeout_s=10)
+    assert isinstance(error, ConfigError)
+    assert "not a regular file" in str(error)
 
 
 def test_a_device_and_an_oversized_file_are_refused(tmp_path: Path) -> None:
