@@ -30,7 +30,7 @@ _TOO_LONG = "an integer of {digits} digits, more than the " + f"{MAX_JSON_INT_DI
 _CONTAINERS = frozenset((dict, list))  # what json.loads makes of objects and arrays
 
 
-def read_json(text: str | bytes) -> Any:
+def read_json(text: str | bytes | bytearray) -> Any:
     """The document, or NotJson for malformed text, for what is past the bounds of
     load_bounded_json, and for what json reads but UTF-8 cannot carry: an escaped lone
     surrogate ("\\ud800") becomes a str no UTF-8 writer accepts.
@@ -48,7 +48,7 @@ def read_json(text: str | bytes) -> Any:
     return document
 
 
-def load_bounded_json(text: str | bytes) -> Any:
+def load_bounded_json(text: str | bytes | bytearray) -> Any:
     """json.loads within MAX_JSON_DEPTH and MAX_JSON_INT_DIGITS; NotJson otherwise. For a
     document kvcap only computes from (a `--cases` record), not one it shows in labels."""
     try:

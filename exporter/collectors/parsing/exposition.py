@@ -41,6 +41,10 @@ MAX_LABEL_VALUE_CHARS = 4096
 # than build a hundred thousand samples from a hostile body.
 MAX_SAMPLES_PER_FAMILY = 16 * 1024
 
+# How much of the body one regex search may cover (about 0.05 ms of C in which no other
+# thread runs; see _candidate_lines).
+SEARCH_WINDOW_CHARS = 64 * 1024
+
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 # One `name="value"` pair and an optional comma. The value pattern is the unrolled
 # form of (non-quote-or-backslash | backslash-anything)*, which the regex engine runs
@@ -139,16 +143,28 @@ def _candidate_lines(body: str, families: frozenset[str]) -> Iterator[tuple[int,
 
     A regex search for a newline followed by one of the names runs in C over the whole
     body, so the many lines of other families (histogram buckets, mostly) are never
-    split out or looked at one by one.
+    split out or looked at one by one. It searches a window of the body at a time: one
+    search holds the interpreter lock until it returns, and across the longest run of other
+    families in a 64-engine body (2 MiB of histograms) that was 1.3 ms, which a scrape on
+    the server's thread waited out.
     """
     first_end = body.find("\n")
     first = body if first_end == -1 else body[:first_end]
     if first.lstrip(" \t").startswith((*families, _EOF)):
         yield 0, first
-    for match in _candidate_pattern(families).finditer(body):
-        start = match.start() + 1
-        end = body.find("\n", start)
-        yield start, body[start:] if end == -1 else body[start:end]
+    pattern = _candidate_pattern(families)
+    window_start = 0
+    while window_start < len(body):
+        # A window ends at a newline, so every candidate line lies wholly in one window
+        # (its own newline opens the next).
+        window_end = body.find("\n", window_start + SEARCH_WINDOW_CHARS)
+        if window_end == -1:
+            window_end = len(body)
+        for match in pattern.finditer(body, window_start, window_end):
+            start = match.start() + 1
+            end = body.find("\n", start)
+            yield start, body[start:] if end == -1 else body[start:end]
+        window_start = window_end
 
 
 @lru_cache(maxsize=8)

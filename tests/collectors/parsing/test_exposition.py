@@ -17,6 +17,7 @@ from exporter.collectors.parsing import (
     VLLM_FAMILIES,
     MalformedExposition,
     Sample,
+    exposition,
     parse_cache_config_info,
     parse_vllm_metrics,
 )
@@ -253,6 +254,24 @@ def test_first_line_leading_blanks_and_no_final_newline() -> None:
     assert parse_vllm_metrics(f"{body}\n \t# EOF\r\n{MALFORMED['bad float']}") == (
         parse_vllm_metrics(body)
     )
+
+
+@pytest.mark.parametrize("window_chars", [1, 7, 64, 1000])
+def test_a_search_window_edge_loses_no_line(
+    window_chars: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The body is searched a window at a time (a search holds the interpreter lock): with
+    windows of a few characters, edges fall inside, before and after every line, and on
+    the blanks before a name; what is read is what one search over the whole body reads."""
+    path = EXPOSITIONS / "gemma-3-27b-text-dp2-tp2.vllm-0.33.txt"
+    body = path.read_text(encoding="utf-8").replace(
+        "\nvllm:kv_cache_usage_perc", "\n \t vllm:kv_cache_usage_perc"
+    )
+    whole = parse_vllm_metrics(body)
+    assert len(whole["vllm:kv_cache_usage_perc"]) == 2
+    monkeypatch.setattr(exposition, "SEARCH_WINDOW_CHARS", window_chars)
+    assert parse_vllm_metrics(body) == whole
+    assert parse_vllm_metrics(f"{body}# EOF\n{MALFORMED['bad float']}") == whole
 
 
 def test_families_sharing_a_prefix_are_not_read() -> None:
