@@ -119,13 +119,10 @@ def latencies(
     gzip_: bool,
     before: Callable[[int], None] | None = None,
     pause_s: float = PAUSE_S,
-    cpu: list[float] | None = None,
 ) -> list[float]:
-    """GET /metrics REQUESTS times (after 20 warm-up requests); `before(i)` runs untimed
-    before request i (the cold path replaces the snapshot there). `cpu` receives the CPU
-    time this whole process (every thread: server, client, a poller) spent while each
-    GET was in flight: what the GET costs or waits for in this process, without the time
-    other processes on a busy machine held the cores.
+    """GET /metrics REQUESTS times (after 20 warm-up requests) from a client in a process of
+    its own (benchmarks.scrape_client), as Prometheus scrapes; `before(i)` runs here,
+    untimed, before request i (the cold path replaces the snapshot there).
 
     Every request, hot or cold, ours or the baseline's, waits PAUSE_S first: in production a
     poll and a scrape are independent events, while a GET sent the instant the publishing
@@ -133,24 +130,32 @@ def latencies(
     a busy 2-core machine), which is the machine, not the exporter. The pause costs every
     request the wake-up of an idle process (0.5-1 ms here), as a scrape of an idle sidecar
     pays it; `pause_s=0` (hot, back to back) is how the figures before the cold path were
-    measured."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    headers = {"Accept-Encoding": "gzip"} if gzip_ else {}
-    timings = []
-    for number in range(REQUESTS + 20):
-        if before is not None:
-            before(number)
-        if pause_s:
-            time.sleep(pause_s)
-        start, start_cpu = time.perf_counter(), time.process_time()
-        connection.request("GET", "/metrics", headers=headers)
-        response = connection.getresponse()
-        response.read()
-        timings.append(time.perf_counter() - start)
-        if cpu is not None and number >= 20:
-            cpu.append(time.process_time() - start_cpu)
-        assert response.status == 200
-    connection.close()
+    measured. Until 2026-12-02 the client ran in this process, on a thread of its own."""
+    requests = REQUESTS + 20
+    encoding = "gzip" if gzip_ else "plain"
+    command = ["benchmarks.scrape_client", str(port), encoding, str(pause_s), str(requests)]
+    client = subprocess.Popen(
+        [sys.executable, "-m", *command],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert client.stdin is not None
+    assert client.stdout is not None
+    try:
+        for number in range(requests):
+            assert client.stdout.readline().strip() == str(number), "the client stopped"
+            if before is not None:
+                before(number)
+            client.stdin.write("\n")
+            client.stdin.flush()
+        timings: list[float] = json.loads(client.stdout.readline())
+        assert isinstance(timings, list), timings
+        assert client.wait(10) == 0
+    finally:
+        client.kill()
+        client.wait()
     return timings[20:]  # warm-up
 
 
