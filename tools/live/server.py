@@ -32,6 +32,9 @@ PROJECT = Path(__file__).resolve().parents[2]
 # Start-up on 2 busy cores: imports, the dummy weights, the KV cache, the API server.
 START_TIMEOUT_S = float(os.environ.get("KVCAP_LIVE_START_TIMEOUT", "420"))
 KV_CACHE_GIB = 1
+# Where POSIX shared memory lives; a segment younger than this may not be mapped yet.
+SHARED_MEMORY = Path("/dev/shm")
+_YOUNG_SEGMENT_S = 5.0
 
 # vLLM's start-up capacity line(s): one combined line from 0.28 on, two lines before; the
 # CPU backend says "CPU KV cache size" on recent releases.
@@ -126,6 +129,7 @@ class VllmServer(LoggedProcess):
             "TMPDIR": str(self.ipc_dir),
         }
         self.process: subprocess.Popen[bytes] | None = None
+        self._shared_memory_before: frozenset[str] = frozenset()
 
     def start(self) -> None:
         """Start and wait until healthy; one more try when vLLM exits while starting (a DP
@@ -142,6 +146,7 @@ class VllmServer(LoggedProcess):
 
     def _start_once(self) -> None:
         self.ipc_dir.mkdir(mode=0o700, exist_ok=True)
+        self._shared_memory_before = shared_memory_segments()
         # Not from the checkout: `python -m` puts the working directory first on the path,
         # and the checkout's `exporter/` and `.egg-info` would stand in for the plugin the
         # test installed.
@@ -180,6 +185,7 @@ class VllmServer(LoggedProcess):
         self.process.wait()
         self._wait_group_gone(self.process.pid, timeout_s)
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        remove_orphaned_segments(self._shared_memory_before)
 
     def _wait_group_gone(self, pgid: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -272,6 +278,40 @@ def parse_capacity_log(text: str) -> list[LoggedCapacity]:
         )
         for pid, e in found.items()
     ]
+
+
+def shared_memory_segments(directory: Path = SHARED_MEMORY) -> frozenset[str]:
+    """The names of vLLM's shared-memory segments (Python's `psm_*`) in `directory`."""
+    with contextlib.suppress(FileNotFoundError):
+        return frozenset(name for name in os.listdir(directory) if name.startswith("psm_"))
+    return frozenset()
+
+
+def remove_orphaned_segments(
+    before: frozenset[str], directory: Path = SHARED_MEMORY, young_s: float = _YOUNG_SEGMENT_S
+) -> list[str]:
+    """Remove the segments made since `before` that no process maps any more; their names.
+
+    vLLM's shared-memory message queues (160-240 MiB each) are not unlinked when the
+    server is stopped, and a few runs of the live suite filled /dev/shm. One that a
+    process still maps (another server's, running beside this one) stays, and so does
+    one made within the last seconds (created, not yet mapped)."""
+    new = shared_memory_segments(directory) - before
+    if not new:
+        return []
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        with contextlib.suppress(OSError):
+            text = maps.read_text()
+            mapped.update(name for name in new if f"{directory}/{name}" in text)
+    removed = []
+    for name in sorted(new - mapped):
+        path = directory / name
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - path.stat().st_ctime >= young_s:
+                path.unlink()
+                removed.append(name)
+    return removed
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
