@@ -9,8 +9,10 @@ only engines whose key changed, and the kept part, its gzip chunk and its CRC-32
 whole while no engine changed. The live part is rendered anew: a few hundred lines. That
 render runs when the snapshot is made (`prepare`, on the collector's thread), so a scrape
 only joins ready bytes. Gzip bodies are those chunks joined (raw deflate blocks that end on
-a byte boundary, RFC 1951) in one gzip member. The process_* series and the HTTP server's
-counters are tables too, whose rows are read on each scrape (`ScrapeTable`).
+a byte boundary, RFC 1951) in one gzip member; once a scrape has asked for gzip, `prepare`
+compresses the live part too. The process_* series and the HTTP server's counters are
+tables too, whose rows are read on each scrape (`ScrapeTable`), and go into the gzip body
+as stored blocks: no zlib call on the scrape's thread.
 Output is byte-identical to what prometheus_client renders for the same families
 (tests/exposition/test_render.py).
 """
@@ -49,6 +51,17 @@ _KEPT_LEVEL = 6
 _LIVE_LEVEL = 1
 _GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # no name, mtime 0, OS unknown
 _LAST_BLOCK = b"\x03\x00"  # an empty final block with fixed codes
+
+
+def stored_chunk(data: bytes) -> bytes:
+    """`data` as raw deflate stored blocks (RFC 1951 3.2.4: a header byte after a chunk
+    that ends on a byte boundary, LEN, NLEN, the bytes), not compressed. For the few
+    kilobytes read on each scrape: made without zlib, each of whose calls lets another
+    thread take the interpreter lock, so a scrape during a poll waited for it again."""
+    return b"".join(
+        b"\x00" + struct.pack("<HH", len(part), len(part) ^ 0xFFFF) + part
+        for part in (data[start : start + 0xFFFF] for start in range(0, len(data), 0xFFFF))
+    )
 
 
 def deflate_chunk(data: bytes, level: int) -> bytes:
@@ -384,6 +397,8 @@ class ExpositionCache:
         # Families read afresh on every scrape (the HTTP server's counters, process_*),
         # appended in this order.
         self._per_scrape = _PerScrape(per_scrape)
+        # The formats (OpenMetrics or not) that scrapes have asked for in gzip.
+        self._gzipped_formats: set[bool] = set()
 
     def body(self, *, accept: str | None = None, accept_encoding: str | None = None) -> Body:
         rendered = self._current()
@@ -395,6 +410,7 @@ class ExpositionCache:
         if not wants_gzip(accept_encoding):
             parts = (rendered.kept.plain(openmetrics), rendered.live.plain(openmetrics), tail)
             return Body(b"".join(parts), content_type, False)
+        self._gzipped_formats.add(openmetrics)
         kept_crc = self._kept_crc(rendered.kept, openmetrics)
         crc = zlib.crc32(tail, rendered.crc(openmetrics, kept_crc))
         size = (rendered.size(openmetrics) + len(tail)) & 0xFFFFFFFF
@@ -402,7 +418,7 @@ class ExpositionCache:
             (
                 _GZIP_HEADER,
                 rendered.deflated(openmetrics),
-                deflate_chunk(tail, _LIVE_LEVEL),
+                stored_chunk(tail),
                 _LAST_BLOCK,
                 struct.pack("<II", crc, size),
             )
@@ -414,7 +430,12 @@ class ExpositionCache:
         change, on the collector's thread, so the next scrape finds its bytes ready. A
         failure here is left to that scrape, which renders again and answers 500."""
         try:
-            self._current()
+            rendered = self._current()
+            # The gzip chunk and CRC-32 of the formats scrapes asked for in gzip (every
+            # Prometheus does): zlib on this thread, not on the scrape's.
+            for openmetrics in tuple(self._gzipped_formats):
+                rendered.deflated(openmetrics)
+                rendered.crc(openmetrics, self._kept_crc(rendered.kept, openmetrics))
         except Exception:
             if not self._render_failing:  # logged once per run of failures
                 _log.exception("render_failed")

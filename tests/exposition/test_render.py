@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import resource
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +44,7 @@ from exporter.exposition import (
     engine_rows,
     web_tables,
 )
+from exporter.exposition.render import stored_chunk
 from exporter.prefix_cache import LIFETIME_BUCKETS_S
 from exporter.state import (
     EngineReport,
@@ -390,6 +393,24 @@ def test_the_process_series_are_those_of_prometheus_client() -> None:
     assert "# TYPE process_" not in body
 
 
+def test_this_process_is_read_from_the_real_proc() -> None:
+    """The open descriptors are a count: one more opened, one more counted. On Linux 6.2+
+    the count is the size of /proc/self/fd (no listing, whose own descriptor the fallback
+    counts as prometheus_client does)."""
+    reader = ProcessReader()
+    (first,) = reader.rows()
+    with Path(__file__).open("rb"):
+        (second,) = reader.rows()
+    assert first.open_fds is not None
+    assert second.open_fds == first.open_fds + 1
+    listed = len(os.listdir("/proc/self/fd"))
+    counted_by_size = os.stat("/proc/self/fd").st_size > 0
+    assert first.open_fds == (listed - 1 if counted_by_size else listed)
+    assert first.max_fds == float(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    assert first.resident_memory_bytes is not None
+    assert first.resident_memory_bytes > 0
+
+
 def test_a_snapshot_prepared_after_a_change_is_served_without_rendering_again() -> None:
     store = rich_store()
     cache = build_exposition(store.snapshot, process=False)
@@ -397,6 +418,37 @@ def test_a_snapshot_prepared_after_a_change_is_served_without_rendering_again() 
     store.publish("vllm_http", "http://a", gemma_reports("gemma-3-27b-text-dp2-tp2"))
     with patch.object(Renderer, "render", side_effect=AssertionError("rendered on the scrape")):
         assert_same_as_prometheus_client(cache, store.snapshot())
+
+
+def test_once_gzip_is_asked_for_a_prepared_snapshot_is_served_without_zlib() -> None:
+    """Each zlib call lets another thread (a poller) take the interpreter lock, which the
+    scrape then waits for: after a scrape in gzip, `prepare` compresses the live part, and
+    the per-scrape families go in stored blocks."""
+    store = rich_store()
+    cache = build_exposition(store.snapshot, WebCounters())
+    store.subscribe(cache.prepare)
+    for accept in (None, OPENMETRICS):
+        cache.body(accept=accept, accept_encoding="gzip")
+    store.publish("vllm_http", "http://a", gemma_reports("gemma-3-27b-text-dp2-tp2"))
+    for accept in (None, OPENMETRICS):
+        with (
+            patch.object(zlib, "compressobj", side_effect=AssertionError("zlib on the scrape")),
+            patch.object(zlib, "compress", side_effect=AssertionError("zlib on the scrape")),
+        ):
+            zipped = cache.body(accept=accept, accept_encoding="gzip").content
+        plain = cache.body(accept=accept).content
+        assert (
+            gzip.decompress(zipped).split(b"\n# HELP process_")[0]
+            == (plain.split(b"\n# HELP process_")[0])
+        )
+
+
+@pytest.mark.parametrize("size", [0, 1, 0xFFFF, 0x10000, 200_000])
+def test_stored_blocks_inflate_to_their_bytes(size: int) -> None:
+    data = os.urandom(size)
+    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+    assert inflater.decompress(stored_chunk(data) + b"\x03\x00") == data
+    assert inflater.eof
 
 
 def test_a_render_that_fails_after_a_change_is_logged_once_and_left_to_the_scrape() -> None:
