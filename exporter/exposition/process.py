@@ -65,10 +65,10 @@ class ProcessReader:
     def _open_fds(self, folder: str) -> int:
         """The number of open descriptors. Linux 6.2 and later give it as the size of
         /proc/<pid>/fd: one system call. Listing the folder lets go of the interpreter lock
-        around every entry, and while a poll runs a scrape waited for the lock again after
-        each (most of the ~70 waits that made a scrape during a poll take 2-3 ms). Elsewhere
-        (older kernels say 0; a folder standing in for /proc in tests) the listing counts,
-        which, as prometheus_client's, includes the descriptor the listing opens."""
+        around every entry, and while a poll ran a scrape waited to take it back once per
+        open descriptor. Elsewhere (older kernels say 0; a folder standing in for /proc in
+        tests) the listing counts, which, as prometheus_client's, includes the descriptor
+        the listing opens."""
         if self._proc == "/proc":
             count = os.stat(folder).st_size
             if count > 0:
