@@ -9,10 +9,12 @@ prefer_server_cipher_suites, curve_preferences), `http_server_config` (http2, he
 
 from __future__ import annotations
 
+import os
 import re
 import ssl
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -118,6 +120,8 @@ MAX_HEADERS_BYTES: Final = 8192
 _NOT_FIELD_VALUE: Final = re.compile(r"[^\x20-\x7e\t]")
 # The web config file: a real one is well under a KiB (node_exporter's examples: ~1 KiB).
 MAX_WEB_CONFIG_BYTES: Final = 1024 * 1024
+# A certificate chain, its key or a CA bundle (a bundle of every public CA is ~220 KiB).
+MAX_TLS_FILE_BYTES: Final = 1024 * 1024
 # Keys of the file shown in an error: the message stays one line of bounded length.
 _PRINTABLE_KEY: Final = re.compile(r"[\x21-\x7e]*")
 _MAX_SHOWN: Final = 64
@@ -214,24 +218,24 @@ def build_ssl_context(tls: TlsConfig) -> ssl.SSLContext:
         context.minimum_version = _TLS_VERSIONS[tls.min_version]
         context.maximum_version = _TLS_VERSIONS[tls.max_version]
     _apply_ciphers(context, tls)
-    _check_certificates_load(tls.cert_file, "cert_file")
-    try:
-        context.load_cert_chain(tls.cert_file, tls.key_file, password=_refuse_encrypted_key)
-    except ssl.SSLError as exc:
-        problem = (
-            "does not match the certificate in cert_file"
-            if exc.reason == "KEY_VALUES_MISMATCH"
-            else f"holds no private key that loads: {exc}"
-        )
-        _fail("tls_server_config.key_file", f"{tls.key_file} {problem}", exc)
-    except OSError as exc:
-        _fail("tls_server_config.key_file", f"cannot read {tls.key_file}: {exc}", exc)
-    if tls.client_ca_file is not None:
-        _check_certificates_load(tls.client_ca_file, "client_ca_file")
+    # Each file is read once, as every file kvcap did not choose is (a FIFO in its place
+    # would hang start-up or a reload in OpenSSL's open; /dev/zero would never end), and
+    # OpenSSL loads exactly those bytes from an anonymous memory file.
+    with _tls_file(tls.cert_file, "cert_file") as cert, _tls_file(tls.key_file, "key_file") as key:
+        _check_certificates_load(cert, tls.cert_file, "cert_file")
         try:
-            context.load_verify_locations(cafile=tls.client_ca_file)
-        except OSError as exc:  # replaced since the check a moment ago; ssl.SSLError included
-            _fail("tls_server_config.client_ca_file", f"cannot load {tls.client_ca_file}", exc)
+            context.load_cert_chain(cert, key, password=_refuse_encrypted_key)
+        except ssl.SSLError as exc:
+            problem = (
+                "does not match the certificate in cert_file"
+                if exc.reason == "KEY_VALUES_MISMATCH"
+                else f"holds no private key that loads: {exc}"
+            )
+            _fail("tls_server_config.key_file", f"{tls.key_file} {problem}", exc)
+    if tls.client_ca_file is not None:
+        with _tls_file(tls.client_ca_file, "client_ca_file") as client_ca:
+            _check_certificates_load(client_ca, tls.client_ca_file, "client_ca_file")
+            context.load_verify_locations(cafile=client_ca)
     context.verify_mode = _VERIFY_MODES[tls.client_auth_type]
     context.set_alpn_protocols(["http/1.1"])
     if tls.client_allowed_sans:
@@ -449,15 +453,30 @@ def _choice(fields: dict[str, Any], name: str, allowed: tuple[str, ...], default
     return str(value)
 
 
-def _check_certificates_load(path: Path, name: str) -> None:
+@contextmanager
+def _tls_file(path: Path, name: str) -> Iterator[str]:
+    """A path to the bytes `path` held when read (bounded_files): a memory file of this
+    process, which nothing can swap for a FIFO between the check and OpenSSL's open."""
+    try:
+        data = read_regular_file(path, max_bytes=MAX_TLS_FILE_BYTES)
+    except (OSError, ValueError, FileRefused) as exc:
+        _fail(f"tls_server_config.{name}", f"cannot read {path}: {exc}", exc)
+    descriptor = os.memfd_create(f"kvcap-{name}", os.MFD_CLOEXEC)
+    try:
+        with open(descriptor, "wb", closefd=False) as memory:
+            memory.write(data)
+        yield f"/proc/self/fd/{descriptor}"
+    finally:
+        os.close(descriptor)
+
+
+def _check_certificates_load(loadable: str, path: Path, name: str) -> None:
     # Loading into a throwaway context tells a bad certificate apart from a bad key, which
     # load_cert_chain reports alike.
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=loadable)
     except ssl.SSLError as exc:
         _fail(f"tls_server_config.{name}", f"no PEM certificate can be loaded from {path}", exc)
-    except OSError as exc:
-        _fail(f"tls_server_config.{name}", f"cannot read {path}: {exc}", exc)
 
 
 def _refuse_encrypted_key() -> NoReturn:

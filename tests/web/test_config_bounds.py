@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,9 +13,14 @@ from hypothesis import strategies as st
 
 from exporter.errors import ConfigError
 from exporter.web import WebConfigWatcher, parse_web_config, read_web_config_file
-from exporter.web.config import MAX_HEADER_VALUE_BYTES, MAX_HEADERS_BYTES, MAX_WEB_CONFIG_BYTES
+from exporter.web.config import (
+    MAX_HEADER_VALUE_BYTES,
+    MAX_HEADERS_BYTES,
+    MAX_TLS_FILE_BYTES,
+    MAX_WEB_CONFIG_BYTES,
+)
 from tests.support.fifo import refusal_of_a_fifo
-from tests.web.conftest import StartServer, get
+from tests.web.conftest import Certs, StartServer, get, served_config, tls_config
 
 CSP = "http_server_config:\n  headers:\n    Content-Security-Policy: {}\n"
 
@@ -159,3 +166,66 @@ def test_any_header_value_is_refused_or_sendable_on_every_response(value: str) -
         assert f"{name}: {sent}\r\n".encode("ascii").count(b"\r\n") == 1
         assert "\0" not in sent
         assert len(sent) <= MAX_HEADER_VALUE_BYTES
+
+
+TLS_FIELDS = ("cert_file", "key_file", "client_ca_file")
+
+
+def tls_config_with(certs: Certs, field: str, path: Path) -> str:
+    """The test server's TLS config (client certificates required) with `field` at `path`."""
+    files = {"cert_file": certs.server_cert, "key_file": certs.server_key}
+    files["client_ca_file"] = certs.ca
+    files[field] = path
+    lines = ["tls_server_config:", "  client_auth_type: RequireAndVerifyClientCert"]
+    lines.extend(f"  {name}: {value}" for name, value in files.items())
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("field", TLS_FIELDS)
+def test_a_tls_file_that_is_a_fifo_is_refused_at_once(
+    tmp_path: Path, certs: Certs, field: str
+) -> None:
+    """OpenSSL opened the path as it was given: a FIFO there hung start-up (and a reload)
+    until a writer came."""
+    config = tmp_path / "web.yml"
+    fifo = tmp_path / f"{field}.pem"
+    config.write_text(tls_config_with(certs, field, fifo))
+    error = refusal_of_a_fifo(fifo, lambda _: served_config(config), timeout_s=10)
+    assert isinstance(error, ConfigError)
+    assert str(error).startswith(f"web config tls_server_config.{field}: cannot read {fifo}")
+    assert "not a regular file" in str(error)
+
+
+@pytest.mark.parametrize("field", TLS_FIELDS)
+def test_a_tls_file_that_is_a_device_or_too_large_is_refused(
+    tmp_path: Path, certs: Certs, field: str
+) -> None:
+    config = tmp_path / "web.yml"
+    config.write_text(tls_config_with(certs, field, Path("/dev/zero")))
+    with pytest.raises(ConfigError, match=f"tls_server_config.{field}: .*not a regular file"):
+        served_config(config)
+    big = tmp_path / "big.pem"
+    with big.open("wb") as file:  # sparse: 1 GiB that costs nothing on disk
+        file.truncate(1024**3)
+    config.write_text(tls_config_with(certs, field, big))
+    limit = f"larger than {MAX_TLS_FILE_BYTES // 2**20} MiB"
+    with pytest.raises(ConfigError, match=f"tls_server_config.{field}: .*{limit}"):
+        served_config(config)
+
+
+def test_a_reload_onto_a_fifo_certificate_keeps_serving_tls(
+    start_server: StartServer, certs: Certs, tmp_path: Path
+) -> None:
+    server = start_server(tls_config(certs))
+    path = server._web_config_file
+    assert path is not None
+    fifo = tmp_path / "swapped.pem"
+    os.mkfifo(fifo)
+    path.write_text(tls_config(certs).replace(str(certs.server_cert), str(fifo)))
+    reloading = threading.Thread(target=server.reload_web_config, daemon=True)
+    reloading.start()
+    reloading.join(10)
+    assert not reloading.is_alive(), "the reload waited for a writer of the FIFO"
+    assert server.counters.reload_errors() == {"invalid": 1, "downgrade": 0}
+    reply = get(server.url, context=certs.client_context())
+    assert reply.status == 200
