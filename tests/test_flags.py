@@ -1,0 +1,125 @@
+"""Flags that set a settings field: the default is the field's, the value lands in the field."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from exporter.cli import CommandLineParser
+from exporter.collectors import COLLECTORS, HandshakeSettings
+from exporter.collectors.handshake_settings import add_arguments, settings_from_args
+from exporter.collectors.kv_events import KvEventsCollector
+from exporter.collectors.kv_events_settings import KvEventsSettings
+from exporter.errors import UsageError
+from exporter.flags import FieldFlag, Flags, add_field_flags, duration, field_values, positive_int
+
+
+@dataclass(frozen=True, slots=True)
+class Polling:
+    interval_s: float = 5.0
+    retries: int = 3
+    verbose: bool = False
+
+
+POLLING_FLAGS = (
+    FieldFlag("--poll.interval", "interval_s", "time between polls", type=duration),
+    FieldFlag("--poll.retries", "retries", "tries per poll", metavar="N", type=positive_int),
+    FieldFlag("--poll.verbose", "verbose", "say more", switch=True),
+)
+
+
+def polling_parser() -> tuple[CommandLineParser, Flags]:
+    parser = CommandLineParser()
+    flags = Flags(parser)
+    add_field_flags(flags.group("poll"), POLLING_FLAGS, Polling())
+    return parser, flags
+
+
+def test_field_flags_default_to_the_fields_and_set_them() -> None:
+    parser, _ = polling_parser()
+    assert Polling(**field_values(parser.parse_args([]), POLLING_FLAGS)) == Polling()
+    given = parser.parse_args(["--poll.interval=250ms", "--poll.retries=7", "--poll.verbose"])
+    assert Polling(**field_values(given, POLLING_FLAGS)) == Polling(0.25, 7, True)
+
+
+def test_field_flags_help_shows_the_fields_default_and_twin() -> None:
+    parser, _ = polling_parser()
+    help_text = " ".join(parser.format_help().split())
+    assert "time between polls (default 5s; env KVCAP_POLL_INTERVAL)" in help_text
+    assert "tries per poll (default 3; env KVCAP_POLL_RETRIES)" in help_text
+    assert "--poll.verbose, --no-poll.verbose" in help_text
+
+
+def test_field_flags_twins_set_the_fields_and_are_checked() -> None:
+    parser, flags = polling_parser()
+    flags.apply_environment({"KVCAP_POLL_RETRIES": "9", "KVCAP_POLL_VERBOSE": "yes"})
+    assert Polling(**field_values(parser.parse_args([]), POLLING_FLAGS)) == Polling(5.0, 9, True)
+    with pytest.raises(UsageError, match="KVCAP_POLL_RETRIES: must be at least 1"):
+        polling_parser()[1].apply_environment({"KVCAP_POLL_RETRIES": "0"})
+
+
+def handshake_settings(*argv: str) -> HandshakeSettings:
+    parser = CommandLineParser()
+    add_arguments(Flags(parser).group("handshake"))
+    return settings_from_args(parser.parse_args(list(argv)))
+
+
+def kv_events_settings(*argv: str) -> KvEventsSettings:
+    parser = CommandLineParser()
+    COLLECTORS["kv_events"].add_arguments(Flags(parser).group("kv_events"))
+    # An endpoint to follow, so that the collector is built with discovery off too.
+    endpoint = "tcp://127.0.0.1:5"
+    built = COLLECTORS["kv_events"].build(
+        parser.parse_args([f"--kv-events.endpoint={endpoint}", *argv])
+    )
+    assert isinstance(built, KvEventsCollector)
+    assert [given.endpoint for given in built.settings.endpoints] == [endpoint]
+    return dataclasses.replace(built.settings, endpoints=())
+
+
+def test_the_collectors_flags_default_to_their_settings() -> None:
+    assert handshake_settings() == HandshakeSettings()
+    assert kv_events_settings() == KvEventsSettings()
+
+
+# Each flag, a value it is given, and the field of its collector's settings that value sets
+# (a SIZE may be 0, yet a stream's rate is at least a byte a second).
+GIVEN_FIELDS: tuple[tuple[str, str, Any], ...] = (
+    ("--handshake.listen=tcp://127.0.0.1:5999", "endpoint", "tcp://127.0.0.1:5999"),
+    ("--handshake.max-frame-size=1KiB", "max_frame_bytes", 1024),
+    ("--handshake.receive-hwm=11", "receive_hwm", 11),
+    ("--handshake.max-rate=12", "max_messages_per_s", 12.0),
+    ("--handshake.stale-after=13s", "stale_after_s", 13.0),
+    ("--handshake.socket-mode=0660", "socket_mode", 0o660),
+    ("--handshake.forget-after=140s", "forget_after_s", 140.0),
+    ("--handshake.max-engines=15", "max_engines", 15),
+    ("--handshake.max-rate-per-engine=16", "max_messages_per_engine_per_s", 16.0),
+    ("--handshake.max-groups=17", "max_groups_per_engine", 17),
+    ("--handshake.max-workers=18", "max_workers_per_engine", 18),
+    ("--handshake.max-series-rows=19", "max_series_rows", 19),
+    ("--kv-events.max-message-size=1KiB", "max_message_bytes", 1024),
+    ("--kv-events.max-stream-rate=2KiB", "max_stream_bytes_per_s", 2048),
+    ("--kv-events.max-blocks=13", "max_blocks", 13),
+    ("--kv-events.max-groups=14", "max_groups", 14),
+    ("--kv-events.max-batch-events=15", "max_batch_events", 15),
+    ("--kv-events.max-batch-hashes=16", "max_batch_hashes", 16),
+    ("--kv-events.max-subscriptions=17", "max_subscriptions", 17),
+    ("--kv-events.max-replays=18", "max_replays", 18),
+    ("--kv-events.max-stream-rate=0", "max_stream_bytes_per_s", 1),
+    ("--no-kv-events.discover", "discover", False),
+)
+
+
+@pytest.mark.parametrize(("flag", "field", "value"), GIVEN_FIELDS)
+def test_a_collectors_flag_sets_its_own_field_and_no_other(
+    flag: str, field: str, value: Any
+) -> None:
+    if flag.startswith("--handshake."):
+        assert handshake_settings(flag) == dataclasses.replace(
+            HandshakeSettings(), **{field: value}
+        )
+    else:
+        assert kv_events_settings(flag) == dataclasses.replace(KvEventsSettings(), **{field: value})
