@@ -189,6 +189,21 @@ class FlagGroup:
         allowed = tuple(choices) if choices is not None else None
         self._flags.declared.append(Flag(option, dest, twin, default, kind, type, secret, allowed))
 
+    def add_fields(self, flags: Iterable[FieldFlag], defaults: object) -> None:
+        """Declare `flags` in order, each defaulting to its field of `defaults` (the
+        settings as constructed with no arguments)."""
+        for flag in flags:
+            self.add(
+                flag.option,
+                help=flag.help,
+                metavar=flag.metavar,
+                type=flag.type,
+                default=getattr(defaults, flag.field),
+                default_text=flag.default_text,
+                switch=flag.switch,
+                choices=flag.choices,
+            )
+
     def _recording(self, dest: str, convert: Callable[[str], Any]) -> Callable[[str], Any]:
         """`convert`, keeping the text it converted (argparse calls it for the flag)."""
 
@@ -213,21 +228,7 @@ class FieldFlag:
     type: Callable[[str], Any] | None = None
     default_text: str | None = None
     switch: bool = False
-
-
-def add_field_flags(group: FlagGroup, flags: Iterable[FieldFlag], defaults: object) -> None:
-    """Declare `flags` in order, each defaulting to its field of `defaults` (the settings
-    as constructed with no arguments)."""
-    for flag in flags:
-        group.add(
-            flag.option,
-            help=flag.help,
-            metavar=flag.metavar,
-            type=flag.type,
-            default=getattr(defaults, flag.field),
-            default_text=flag.default_text,
-            switch=flag.switch,
-        )
+    choices: tuple[str, ...] | None = None
 
 
 def field_values(args: argparse.Namespace, flags: Iterable[FieldFlag]) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +15,9 @@ from exporter.collectors import COLLECTORS, HandshakeSettings
 from exporter.collectors.handshake_settings import add_arguments, settings_from_args
 from exporter.collectors.kv_events import KvEventsCollector
 from exporter.collectors.kv_events_settings import KvEventsSettings
+from exporter.collectors.vllm_http import VllmHttpCollector, VllmHttpSettings
 from exporter.errors import UsageError
-from exporter.flags import FieldFlag, Flags, add_field_flags, duration, field_values, positive_int
+from exporter.flags import FieldFlag, Flags, duration, field_values, positive_int
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +37,7 @@ POLLING_FLAGS = (
 def polling_parser() -> tuple[CommandLineParser, Flags]:
     parser = CommandLineParser()
     flags = Flags(parser)
-    add_field_flags(flags.group("poll"), POLLING_FLAGS, Polling())
+    flags.group("poll").add_fields(POLLING_FLAGS, Polling())
     return parser, flags
 
 
@@ -80,9 +83,34 @@ def kv_events_settings(*argv: str) -> KvEventsSettings:
     return dataclasses.replace(built.settings, endpoints=())
 
 
-def test_the_collectors_flags_default_to_their_settings() -> None:
-    assert handshake_settings() == HandshakeSettings()
-    assert kv_events_settings() == KvEventsSettings()
+def vllm_http_settings(*argv: str) -> VllmHttpSettings:
+    parser = CommandLineParser()
+    COLLECTORS["vllm_http"].add_arguments(Flags(parser).group("vllm_http"))
+    # A server to poll, so that the collector is built; its stale window fixed at the
+    # settings' own, not 3 of the poll intervals a row gives.
+    url = "http://127.0.0.1:1"
+    built = COLLECTORS["vllm_http"].build(
+        parser.parse_args([f"--vllm.url={url}", "--vllm.stale-after=15s", *argv])
+    )
+    assert isinstance(built, VllmHttpCollector)
+    assert built.settings.urls == (url,)
+    return dataclasses.replace(built.settings, urls=())
+
+
+# The settings each collector's flags build, and its settings as constructed bare.
+SETTINGS: dict[str, tuple[Callable[..., object], object]] = {
+    "--handshake.": (handshake_settings, HandshakeSettings()),
+    "--kv-events.": (kv_events_settings, KvEventsSettings()),
+    "--no-kv-events.": (kv_events_settings, KvEventsSettings()),
+    "--vllm.": (vllm_http_settings, VllmHttpSettings(urls=())),
+    "--model.": (vllm_http_settings, VllmHttpSettings(urls=())),
+}
+
+
+@pytest.mark.parametrize("prefix", ["--handshake.", "--kv-events.", "--vllm."])
+def test_the_collectors_flags_default_to_their_settings(prefix: str) -> None:
+    built, defaults = SETTINGS[prefix]
+    assert built() == defaults
 
 
 # Each flag, a value it is given, and the field of its collector's settings that value sets
@@ -109,6 +137,13 @@ GIVEN_FIELDS: tuple[tuple[str, str, Any], ...] = (
     ("--kv-events.max-subscriptions=17", "max_subscriptions", 17),
     ("--kv-events.max-replays=18", "max_replays", 18),
     ("--kv-events.max-stream-rate=0", "max_stream_bytes_per_s", 1),
+    ("--vllm.poll-interval=2s", "poll_interval_s", 2.0),
+    ("--vllm.timeout=4s", "timeout_s", 4.0),
+    ("--vllm.max-body-size=1KiB", "max_body_bytes", 1024),
+    ("--vllm.forget-after=140s", "forget_after_s", 140.0),
+    ("--vllm.max-engines=15", "max_engines", 15),
+    ("--vllm.platform=cpu", "platform", "cpu"),
+    ("--model.config=/models/m", "model_config", Path("/models/m")),
     ("--no-kv-events.discover", "discover", False),
 )
 
@@ -117,9 +152,5 @@ GIVEN_FIELDS: tuple[tuple[str, str, Any], ...] = (
 def test_a_collectors_flag_sets_its_own_field_and_no_other(
     flag: str, field: str, value: Any
 ) -> None:
-    if flag.startswith("--handshake."):
-        assert handshake_settings(flag) == dataclasses.replace(
-            HandshakeSettings(), **{field: value}
-        )
-    else:
-        assert kv_events_settings(flag) == dataclasses.replace(KvEventsSettings(), **{field: value})
+    built, defaults = next(found for prefix, found in SETTINGS.items() if flag.startswith(prefix))
+    assert built(flag) == dataclasses.replace(defaults, **{field: value})  # type: ignore[type-var]

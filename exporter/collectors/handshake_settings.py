@@ -10,7 +10,6 @@ from exporter.collectors.registry import check_engine_windows, check_max_engines
 from exporter.flags import (
     FieldFlag,
     FlagGroup,
-    add_field_flags,
     duration,
     field_values,
     positive_int,
@@ -186,7 +185,7 @@ _FLAGS = (
 
 
 def add_arguments(group: FlagGroup) -> None:
-    add_field_flags(group, _FLAGS, HandshakeSettings())
+    group.add_fields(_FLAGS, HandshakeSettings())
 
 
 def settings_from_args(args: argparse.Namespace) -> HandshakeSettings:

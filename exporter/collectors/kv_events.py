@@ -34,14 +34,7 @@ from exporter.collectors.kv_events_log import LimitedLog
 from exporter.collectors.kv_events_settings import LOGGER, NAME, KvEventsSettings
 from exporter.collectors.kv_events_subscription import ReplaySlots, Subscription
 from exporter.collectors.registry import CollectorSpec, register_collector
-from exporter.flags import (
-    FieldFlag,
-    FlagGroup,
-    add_field_flags,
-    field_values,
-    positive_int,
-    size,
-)
+from exporter.flags import FieldFlag, FlagGroup, field_values, positive_int, size
 from exporter.state import KvEventsEndpoint, Snapshot, StateSink
 
 _POLL_MS = 200
@@ -343,7 +336,7 @@ def _add_arguments(group: FlagGroup) -> None:
         "environment), e.g. 0=tcp://127.0.0.1:5557+tcp://127.0.0.1:5558; vLLM must bind it "
         "(tcp://*:PORT)",
     )
-    add_field_flags(group, _FLAGS, KvEventsSettings())
+    group.add_fields(_FLAGS, KvEventsSettings())
 
 
 def _build(args: argparse.Namespace) -> KvEventsCollector | None:
