@@ -11,11 +11,15 @@ from typing import Any
 import pytest
 
 from exporter.cli import CommandLineParser
-from exporter.collectors import COLLECTORS, HandshakeSettings
+from exporter.collectors import (
+    COLLECTORS,
+    HandshakeSettings,
+    KvEventsCollector,
+    KvEventsSettings,
+    VllmHttpCollector,
+    VllmHttpSettings,
+)
 from exporter.collectors.handshake_settings import add_arguments, settings_from_args
-from exporter.collectors.kv_events import KvEventsCollector
-from exporter.collectors.kv_events_settings import KvEventsSettings
-from exporter.collectors.vllm_http import VllmHttpCollector, VllmHttpSettings
 from exporter.errors import UsageError
 from exporter.flags import FieldFlag, Flags, duration, field_values, positive_int
 
