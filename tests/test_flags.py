@@ -16,6 +16,8 @@ from exporter.collectors import (
     HandshakeSettings,
     KvEventsCollector,
     KvEventsSettings,
+    NvmlCollector,
+    NvmlSettings,
     VllmHttpCollector,
     VllmHttpSettings,
 )
@@ -101,6 +103,16 @@ def vllm_http_settings(*argv: str) -> VllmHttpSettings:
     return dataclasses.replace(built.settings, urls=())
 
 
+def nvml_settings(*argv: str) -> NvmlSettings:
+    parser = CommandLineParser()
+    COLLECTORS["nvml"].add_arguments(Flags(parser).group("nvml"))
+    # The devices given, so that this process's CUDA_VISIBLE_DEVICES is not read.
+    built = COLLECTORS["nvml"].build(parser.parse_args(["--nvml.visible-devices=1,0", *argv]))
+    assert isinstance(built, NvmlCollector)
+    assert built.settings.visible_devices == ("1", "0")
+    return dataclasses.replace(built.settings, visible_devices=None)
+
+
 # The settings each collector's flags build, and its settings as constructed bare.
 SETTINGS: dict[str, tuple[Callable[..., object], object]] = {
     "--handshake.": (handshake_settings, HandshakeSettings()),
@@ -108,10 +120,11 @@ SETTINGS: dict[str, tuple[Callable[..., object], object]] = {
     "--no-kv-events.": (kv_events_settings, KvEventsSettings()),
     "--vllm.": (vllm_http_settings, VllmHttpSettings(urls=())),
     "--model.": (vllm_http_settings, VllmHttpSettings(urls=())),
+    "--nvml.": (nvml_settings, NvmlSettings()),
 }
 
 
-@pytest.mark.parametrize("prefix", ["--handshake.", "--kv-events.", "--vllm."])
+@pytest.mark.parametrize("prefix", ["--handshake.", "--kv-events.", "--vllm.", "--nvml."])
 def test_the_collectors_flags_default_to_their_settings(prefix: str) -> None:
     built, defaults = SETTINGS[prefix]
     assert built() == defaults
@@ -146,8 +159,10 @@ GIVEN_FIELDS: tuple[tuple[str, str, Any], ...] = (
     ("--vllm.max-body-size=1KiB", "max_body_bytes", 1024),
     ("--vllm.forget-after=140s", "forget_after_s", 140.0),
     ("--vllm.max-engines=15", "max_engines", 15),
+    ("--nvml.poll-interval=2s", "poll_interval_s", 2.0),
     ("--vllm.platform=cpu", "platform", "cpu"),
     ("--model.config=/models/m", "model_config", Path("/models/m")),
+    ("--nvml.library=/opt/lib/libnvidia-ml.so.1", "library_path", "/opt/lib/libnvidia-ml.so.1"),
     ("--no-kv-events.discover", "discover", False),
 )
 
