@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -28,6 +28,11 @@ _FALSE = frozenset({"0", "false", "no", "off"})
 def env_name(option: str) -> str:
     """`--web.listen-address` -> `KVCAP_WEB_LISTEN_ADDRESS`."""
     return "KVCAP_" + option.lstrip("-").upper().replace(".", "_").replace("-", "_")
+
+
+def dest_name(option: str) -> str:
+    """`--web.listen-address` -> `web_listen_address`, where argparse puts its value."""
+    return option.lstrip("-").replace(".", "_").replace("-", "_")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +166,7 @@ class FlagGroup:
         duration or size default is shown as one is written (`5s`, `8MiB`), and the type
         names the metavar when none is given.
         """
-        dest = dest or option.lstrip("-").replace(".", "_").replace("-", "_")
+        dest = dest or dest_name(option)
         twin = env_name(option) if env else None
         shown = default_text if default_text is not None else _shown(type, default)
         metavar = metavar or _METAVARS.get(type)
@@ -184,6 +189,21 @@ class FlagGroup:
         allowed = tuple(choices) if choices is not None else None
         self._flags.declared.append(Flag(option, dest, twin, default, kind, type, secret, allowed))
 
+    def add_fields(self, flags: Iterable[FieldFlag], defaults: object) -> None:
+        """Declare `flags` in order, each defaulting to its field of `defaults` (the
+        settings as constructed with no arguments)."""
+        for flag in flags:
+            self.add(
+                flag.option,
+                help=flag.help,
+                metavar=flag.metavar,
+                type=flag.type,
+                default=getattr(defaults, flag.field),
+                default_text=flag.default_text,
+                switch=flag.switch,
+                choices=flag.choices,
+            )
+
     def _recording(self, dest: str, convert: Callable[[str], Any]) -> Callable[[str], Any]:
         """`convert`, keeping the text it converted (argparse calls it for the flag)."""
 
@@ -194,6 +214,26 @@ class FlagGroup:
             return value
 
         return typed
+
+
+@dataclass(frozen=True, slots=True)
+class FieldFlag:
+    """A flag that sets one field of a settings dataclass as parsed; its default is the
+    field's own, so a default is written once (on the settings)."""
+
+    option: str
+    field: str
+    help: str
+    metavar: str | None = None
+    type: Callable[[str], Any] | None = None
+    default_text: str | None = None
+    switch: bool = False
+    choices: tuple[str, ...] | None = None
+
+
+def field_values(args: argparse.Namespace, flags: Iterable[FieldFlag]) -> dict[str, Any]:
+    """The fields `flags` set, as parsed: keyword arguments for the settings."""
+    return {flag.field: getattr(args, dest_name(flag.option)) for flag in flags}
 
 
 # Value types for flags: argparse reports their errors as usage errors naming the flag.

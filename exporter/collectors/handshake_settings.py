@@ -7,7 +7,15 @@ import argparse
 from dataclasses import dataclass
 
 from exporter.collectors.registry import check_engine_windows, check_max_engines
-from exporter.flags import FlagGroup, duration, positive_int, positive_number, size
+from exporter.flags import (
+    FieldFlag,
+    FlagGroup,
+    duration,
+    field_values,
+    positive_int,
+    positive_number,
+    size,
+)
 
 DEFAULT_ENDPOINT = "ipc:///tmp/kvcap/handshake.sock"
 # One lost or late heartbeat is not a dead engine, three in a row are (the default stale
@@ -63,10 +71,6 @@ class HandshakeSettings:
     socket_mode: int = 0o600
 
 
-# The flags' defaults are the settings' own.
-_DEFAULTS = HandshakeSettings()
-
-
 def _socket_mode(text: str) -> int:
     try:
         mode = int(text, 8)
@@ -79,135 +83,115 @@ def _socket_mode(text: str) -> int:
     return mode
 
 
-def add_arguments(group: FlagGroup) -> None:
-    # In help order: the socket and what it accepts, the engines' lifetime, their budget.
-    _add_socket_arguments(group)
-    _add_engine_arguments(group)
-    _add_budget_arguments(group)
-
-
-def _add_socket_arguments(group: FlagGroup) -> None:
-    """Where the plugin pushes to and the limits on what the socket accepts."""
-    group.add(
+# In help order: the socket and what it accepts; when an engine is stale or removed and who
+# may push (the ipc:// mode); how many engines, groups and workers are kept and how fast one
+# engine may talk.
+_FLAGS = (
+    FieldFlag(
         "--handshake.listen",
-        metavar="ENDPOINT",
-        default=DEFAULT_ENDPOINT,
-        help="ZMQ endpoint the vLLM plugin pushes to: ipc://PATH (its directory "
+        "endpoint",
+        "ZMQ endpoint the vLLM plugin pushes to: ipc://PATH (its directory "
         "is created 0700) or tcp://127.0.0.1:PORT",
-    )
-    group.add(
+        metavar="ENDPOINT",
+    ),
+    FieldFlag(
         "--handshake.max-frame-size",
+        "max_frame_bytes",
+        "largest accepted frame; ZMQ drops a peer that sends a larger one",
         metavar="SIZE",
         type=size,
-        default=_DEFAULTS.max_frame_bytes,
         default_text="64KiB",
-        help="largest accepted frame; ZMQ drops a peer that sends a larger one",
-    )
-    group.add(
+    ),
+    FieldFlag(
         "--handshake.receive-hwm",
+        "receive_hwm",
+        "ZMQ receive high-water mark: messages queued before ZMQ drops",
         metavar="MESSAGES",
         type=positive_int,
-        default=_DEFAULTS.receive_hwm,
-        help="ZMQ receive high-water mark: messages queued before ZMQ drops",
-    )
-    group.add(
+    ),
+    FieldFlag(
         "--handshake.max-rate",
+        "max_messages_per_s",
+        "messages per second accepted before dropping",
         metavar="PER_SECOND",
         type=positive_number,
-        default=_DEFAULTS.max_messages_per_s,
         default_text="200",
-        help="messages per second accepted before dropping",
-    )
-
-
-def _add_engine_arguments(group: FlagGroup) -> None:
-    """When an engine is stale or removed, who may push (the ipc:// mode), how many are kept."""
-    group.add(
+    ),
+    FieldFlag(
         "--handshake.stale-after",
+        "stale_after_s",
+        "time without a heartbeat after which an engine is stale",
         metavar="DURATION",
         type=duration,
         default_text=f"{STALE_AFTER_HEARTBEATS} of the heartbeat intervals its plugin announces",
-        help="time without a heartbeat after which an engine is stale",
-    )
-    group.add(
+    ),
+    FieldFlag(
         "--handshake.socket-mode",
+        "socket_mode",
+        "mode of an ipc:// socket file (0600: kvcap's user and root may push; "
+        "0660 also lets a vLLM of the same group in)",
         metavar="MODE",
         type=_socket_mode,
-        default=_DEFAULTS.socket_mode,
         default_text="0600",
-        help="mode of an ipc:// socket file (0600: kvcap's user and root may push; "
-        "0660 also lets a vLLM of the same group in)",
-    )
-    group.add(
+    ),
+    FieldFlag(
         "--handshake.forget-after",
+        "forget_after_s",
+        "time without a heartbeat after which an engine is removed",
         metavar="DURATION",
         type=duration,
-        default=DEFAULT_FORGET_AFTER_S,
         default_text=f"{DEFAULT_FORGET_AFTER_S:g}s",
-        help="time without a heartbeat after which an engine is removed",
-    )
-
-
-def _add_budget_arguments(group: FlagGroup) -> None:
-    """How many engines, groups and workers are kept, and how fast one engine may talk."""
-    group.add(
+    ),
+    FieldFlag(
         "--handshake.max-engines",
+        "max_engines",
+        "most engines known at once",
         metavar="N",
         type=positive_int,
-        default=DEFAULT_MAX_ENGINES,
-        help="most engines known at once",
-    )
-    group.add(
+    ),
+    FieldFlag(
         "--handshake.max-rate-per-engine",
+        "max_messages_per_engine_per_s",
+        "messages per second of one engine accepted before dropping",
         metavar="PER_SECOND",
         type=positive_number,
-        default=DEFAULT_MAX_RATE_PER_ENGINE,
         default_text=f"{DEFAULT_MAX_RATE_PER_ENGINE:g}",
-        help="messages per second of one engine accepted before dropping",
-    )
-    group.add(
+    ),
+    FieldFlag(
         "--handshake.max-groups",
+        "max_groups_per_engine",
+        "most KV cache groups of one engine; an engine with more is refused",
         metavar="N",
         type=positive_int,
-        default=DEFAULT_MAX_GROUPS,
-        help="most KV cache groups of one engine; an engine with more is refused",
-    )
-    group.add(
+    ),
+    FieldFlag(
         "--handshake.max-workers",
-        metavar="N",
-        type=positive_int,
-        default=DEFAULT_MAX_WORKERS,
-        help="most workers (TP x PP), and most devices it sees, of one engine; an engine "
+        "max_workers_per_engine",
+        "most workers (TP x PP), and most devices it sees, of one engine; an engine "
         "with more is refused",
-    )
-    group.add(
-        "--handshake.max-series-rows",
         metavar="N",
         type=positive_int,
-        default=DEFAULT_MAX_SERIES_ROWS,
-        help="most KV cache groups, workers and devices over all engines (each a row of "
+    ),
+    FieldFlag(
+        "--handshake.max-series-rows",
+        "max_series_rows",
+        "most KV cache groups, workers and devices over all engines (each a row of "
         "every per-group or per-worker family, or a string in /engines); an engine past it "
         "is refused",
-    )
+        metavar="N",
+        type=positive_int,
+    ),
+)
+
+
+def add_arguments(group: FlagGroup) -> None:
+    group.add_fields(_FLAGS, HandshakeSettings())
 
 
 def settings_from_args(args: argparse.Namespace) -> HandshakeSettings:
     """The settings `kvcap-exporter serve`'s --handshake.* flags give; raises UsageError on
     windows or an engine budget out of range."""
-    stale_after, forget_after = args.handshake_stale_after, args.handshake_forget_after
-    check_max_engines("handshake", args.handshake_max_engines)
-    check_engine_windows("handshake", stale_after, forget_after)
-    return HandshakeSettings(
-        endpoint=args.handshake_listen,
-        max_frame_bytes=args.handshake_max_frame_size,
-        receive_hwm=args.handshake_receive_hwm,
-        max_messages_per_s=args.handshake_max_rate,
-        stale_after_s=stale_after,
-        forget_after_s=forget_after,
-        max_engines=args.handshake_max_engines,
-        max_messages_per_engine_per_s=args.handshake_max_rate_per_engine,
-        max_groups_per_engine=args.handshake_max_groups,
-        max_workers_per_engine=args.handshake_max_workers,
-        max_series_rows=args.handshake_max_series_rows,
-        socket_mode=args.handshake_socket_mode,
-    )
+    fields = field_values(args, _FLAGS)
+    check_max_engines("handshake", fields["max_engines"])
+    check_engine_windows("handshake", fields["stale_after_s"], fields["forget_after_s"])
+    return HandshakeSettings(**fields)

@@ -31,19 +31,10 @@ import zmq
 from exporter.collectors.kv_events_book import EngineHint, ResidencyBook, engine_hints
 from exporter.collectors.kv_events_endpoints import parse_endpoint_flag
 from exporter.collectors.kv_events_log import LimitedLog
-from exporter.collectors.kv_events_settings import (
-    DEFAULT_MAX_REPLAYS,
-    DEFAULT_MAX_STREAM_BYTES_PER_S,
-    DEFAULT_MAX_SUBSCRIPTIONS,
-    LOGGER,
-    NAME,
-    KvEventsSettings,
-)
+from exporter.collectors.kv_events_settings import LOGGER, NAME, KvEventsSettings
 from exporter.collectors.kv_events_subscription import ReplaySlots, Subscription
 from exporter.collectors.registry import CollectorSpec, register_collector
-from exporter.flags import FlagGroup, positive_int, size
-from exporter.kv_events_wire import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_EVENTS, DEFAULT_MAX_HASHES
-from exporter.prefix_cache import DEFAULT_MAX_BLOCKS, DEFAULT_MAX_GROUPS
+from exporter.flags import FieldFlag, FlagGroup, field_values, positive_int, size
 from exporter.state import KvEventsEndpoint, Snapshot, StateSink
 
 _POLL_MS = 200
@@ -263,6 +254,78 @@ class KvEventsCollector:
         return True
 
 
+# In help order after --kv-events.endpoint (a list, parsed apart).
+_FLAGS = (
+    FieldFlag(
+        "--kv-events.discover",
+        "discover",
+        "also subscribe to the endpoints vLLM reports (/kv_event_sources, handshake)",
+        switch=True,
+    ),
+    FieldFlag(
+        "--kv-events.max-message-size",
+        "max_message_bytes",
+        "largest accepted event batch (libzmq drops a publisher that sends a bigger "
+        "one; kvcap subscribes again after a back-off)",
+        metavar="SIZE",
+        type=size,
+        default_text="16MiB",
+    ),
+    FieldFlag(
+        "--kv-events.max-stream-rate",
+        "max_stream_bytes_per_s",
+        "most bytes of batches applied per second and stream; past it batches are let "
+        "go undecoded and the gap is replayed or counted",
+        metavar="SIZE",
+        type=size,
+        default_text="8MiB",
+    ),
+    FieldFlag(
+        "--kv-events.max-blocks",
+        "max_blocks",
+        "most blocks tracked per engine, all groups and media together, while its pool "
+        "size (num_gpu_blocks) is unknown; once known, each medium holds at most its pool",
+        metavar="BLOCKS",
+        type=positive_int,
+    ),
+    FieldFlag(
+        "--kv-events.max-groups",
+        "max_groups",
+        "most KV cache groups tracked per engine (each group and medium is ~20 series)",
+        metavar="GROUPS",
+        type=positive_int,
+    ),
+    FieldFlag(
+        "--kv-events.max-batch-events",
+        "max_batch_events",
+        "most events in one batch (refused at the batch's header, before decoding)",
+        metavar="EVENTS",
+        type=positive_int,
+    ),
+    FieldFlag(
+        "--kv-events.max-batch-hashes",
+        "max_batch_hashes",
+        "most block hashes in one batch, all its events together",
+        metavar="HASHES",
+        type=positive_int,
+    ),
+    FieldFlag(
+        "--kv-events.max-subscriptions",
+        "max_subscriptions",
+        "most KV event publishers followed at once (each takes 4 to 6 file descriptors)",
+        metavar="STREAMS",
+        type=positive_int,
+    ),
+    FieldFlag(
+        "--kv-events.max-replays",
+        "max_replays",
+        "most replay requests outstanding at once; past it a gap counts as missed",
+        metavar="REPLAYS",
+        type=positive_int,
+    ),
+)
+
+
 def _add_arguments(group: FlagGroup) -> None:
     group.add(
         "--kv-events.endpoint",
@@ -273,97 +336,20 @@ def _add_arguments(group: FlagGroup) -> None:
         "environment), e.g. 0=tcp://127.0.0.1:5557+tcp://127.0.0.1:5558; vLLM must bind it "
         "(tcp://*:PORT)",
     )
-    group.add(
-        "--kv-events.discover",
-        switch=True,
-        default=True,
-        help="also subscribe to the endpoints vLLM reports (/kv_event_sources, handshake)",
-    )
-    group.add(
-        "--kv-events.max-message-size",
-        metavar="SIZE",
-        type=size,
-        default=DEFAULT_MAX_BATCH_BYTES,
-        default_text="16MiB",
-        help="largest accepted event batch (libzmq drops a publisher that sends a bigger "
-        "one; kvcap subscribes again after a back-off)",
-    )
-    group.add(
-        "--kv-events.max-stream-rate",
-        metavar="SIZE",
-        type=size,
-        default=DEFAULT_MAX_STREAM_BYTES_PER_S,
-        default_text="8MiB",
-        help="most bytes of batches applied per second and stream; past it batches are let "
-        "go undecoded and the gap is replayed or counted",
-    )
-    group.add(
-        "--kv-events.max-blocks",
-        metavar="BLOCKS",
-        type=positive_int,
-        default=DEFAULT_MAX_BLOCKS,
-        help="most blocks tracked per engine, all groups and media together, while its pool "
-        "size (num_gpu_blocks) is unknown; once known, each medium holds at most its pool",
-    )
-    group.add(
-        "--kv-events.max-groups",
-        metavar="GROUPS",
-        type=positive_int,
-        default=DEFAULT_MAX_GROUPS,
-        help="most KV cache groups tracked per engine (each group and medium is ~20 series)",
-    )
-    group.add(
-        "--kv-events.max-batch-events",
-        metavar="EVENTS",
-        type=positive_int,
-        default=DEFAULT_MAX_EVENTS,
-        help="most events in one batch (refused at the batch's header, before decoding)",
-    )
-    group.add(
-        "--kv-events.max-batch-hashes",
-        metavar="HASHES",
-        type=positive_int,
-        default=DEFAULT_MAX_HASHES,
-        help="most block hashes in one batch, all its events together",
-    )
-    group.add(
-        "--kv-events.max-subscriptions",
-        metavar="STREAMS",
-        type=positive_int,
-        default=DEFAULT_MAX_SUBSCRIPTIONS,
-        help="most KV event publishers followed at once (each takes 4 to 6 file descriptors)",
-    )
-    group.add(
-        "--kv-events.max-replays",
-        metavar="REPLAYS",
-        type=positive_int,
-        default=DEFAULT_MAX_REPLAYS,
-        help="most replay requests outstanding at once; past it a gap counts as missed",
-    )
+    group.add_fields(_FLAGS, KvEventsSettings())
 
 
 def _build(args: argparse.Namespace) -> KvEventsCollector | None:
     endpoints = tuple(parse_endpoint_flag(value) for value in args.kv_events_endpoint)
-    discover = args.kv_events_discover and bool(
+    fields = field_values(args, _FLAGS)
+    discover = fields["discover"] and bool(
         getattr(args, "vllm_url", None) or getattr(args, "collector_handshake", False)
     )
     if not endpoints and not discover:
         return None
-    return KvEventsCollector(
-        KvEventsSettings(
-            endpoints=endpoints,
-            discover=args.kv_events_discover,
-            max_message_bytes=args.kv_events_max_message_size,
-            # positive_int flags (and their twins) are 1 or more; a SIZE may be 0.
-            max_stream_bytes_per_s=max(1, args.kv_events_max_stream_rate),
-            max_blocks=args.kv_events_max_blocks,
-            max_groups=args.kv_events_max_groups,
-            max_batch_events=args.kv_events_max_batch_events,
-            max_batch_hashes=args.kv_events_max_batch_hashes,
-            max_subscriptions=args.kv_events_max_subscriptions,
-            max_replays=args.kv_events_max_replays,
-        )
-    )
+    # positive_int flags (and their twins) are 1 or more; a SIZE may be 0.
+    fields["max_stream_bytes_per_s"] = max(1, fields["max_stream_bytes_per_s"])
+    return KvEventsCollector(KvEventsSettings(endpoints=endpoints, **fields))
 
 
 register_collector(

