@@ -153,6 +153,25 @@ def test_the_demos_index_lists_its_flags_as_serve_does() -> None:
     assert "--log.level" in body
 
 
+def test_the_demo_serves_with_the_web_flags_it_lists() -> None:
+    """`--web.max-requests` (and `--web.config.allow-downgrade`, passed the same way) reach
+    the demo's server: with a cap of 1, a second connection makes room by closing the first,
+    which waits in the middle of its request head, and the eviction is counted."""
+    with start("demo", "--web.listen-address", "127.0.0.1:0", "--web.max-requests", "1") as process:
+        assert process.stdout is not None
+        lines = [process.stdout.readline() for _ in range(6)]
+        scrape = next(line.split()[1] for line in lines if line.startswith("scrape:"))
+        host, port = scrape.split("/")[2].split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as first:
+            first.sendall(b"GET /metrics HTTP/1.1\r\n")  # a head begun
+            time.sleep(0.3)
+            with urllib.request.urlopen(scrape, timeout=5) as response:
+                body = response.read().decode()
+            assert first.recv(4096) == b""  # closed to make room
+        stop_within(process, signal.SIGTERM)
+    assert 'kvcap_web_requests_rejected_total{reason="evicted"} 1.0' in body
+
+
 def run_briefly(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         cli_command(*args),

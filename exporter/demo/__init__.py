@@ -24,6 +24,7 @@ from exporter.demo.simulated_vllm import SimulatedVllm
 from exporter.flags import Flags
 from exporter.logs import configure_logging
 from exporter.serve import Exporter, StopSignals, add_common_arguments, set_switch_interval
+from exporter.web import DEFAULT_MAX_CONNECTIONS
 
 DEMO_MODEL = "gemma-3-27b-text"
 DEMO_SERVED_NAME = "google/gemma-3-27b-it"
@@ -75,9 +76,13 @@ def demo_running(
     web_config_file: Path | None = None,
     poll_interval_s: float = 1.0,
     active_flags: Sequence[tuple[str, str]] = (),
+    *,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    allow_downgrade: bool = False,
 ) -> Iterator[tuple[SimulatedVllm, Exporter]]:
     """The simulated deployment (its config.json under `models`) and an exporter polling it
-    through the real vllm_http collector; both stopped on exit. `/` lists `active_flags`."""
+    through the real vllm_http collector; both stopped on exit. `/` lists `active_flags`;
+    the web server takes the `--web.*` settings as `serve`'s does."""
     simulation = simulated_deployment(models / DEMO_MODEL)
     simulation.start()
     try:
@@ -87,6 +92,8 @@ def demo_running(
             [http_collector(simulation, poll_interval_s), kv_events],
             listen_address,
             web_config_file,
+            max_connections=max_connections,
+            allow_downgrade=allow_downgrade,
             active_flags=active_flags,
         )
         try:
@@ -141,6 +148,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             args.web_listen_address,
             args.web_config_file,
             active_flags=list(args.flags.active(args)),
+            max_connections=args.web_max_requests,
+            allow_downgrade=args.web_config_allow_downgrade,
         ) as running,
     ):
         simulation, exporter = running
