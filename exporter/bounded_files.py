@@ -3,6 +3,7 @@ files only, size-capped, within a deadline, and YAML without alias expansion.
 
     read_regular_file(path, max_bytes=MAX_MODEL_CONFIG_BYTES) -> bytes
     read_vllm_config(path) -> str  # a `--config` YAML's text, within MAX_VLLM_CONFIG_BYTES
+    read_vllm_config_within(folder, path, as_root=True) -> str  # resolved inside `folder`
     load_yaml(text) -> Any        # refuses aliases, nesting past 32, more than 10,000 nodes
 
 Every refusal is a `FileRefused` (a ConfigError) whose `reason` is the
@@ -12,11 +13,13 @@ whose message for it predates these bounds. The bounds are in docs/reliability.m
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import os
 import stat
 import time
+from pathlib import Path
 from typing import Any
 
 from exporter.errors import ConfigError
@@ -35,6 +38,12 @@ MAX_YAML_NODES = 10_000
 MAX_YAML_INT_CHARACTERS = 64  # digits, signs and underscores of one integer
 
 _CHUNK_BYTES = 2**16
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+# openat2(2), Linux 5.6: the same number on every architecture; its `resolve` flags.
+_SYS_OPENAT2 = 437
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_BENEATH = 0x08
+_RESOLVE_IN_ROOT = 0x10
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO"),
     (stat.S_ISCHR, "a character device"),
@@ -68,7 +77,91 @@ def read_regular_file(
     OSError as open() does, ValueError for a path with a NUL byte.
     """
     _refuse_unless_regular(os.stat(path).st_mode)
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    return _read_opened(os.open(path, _READ_FLAGS), max_bytes, deadline_s)
+
+
+def read_file_within(
+    folder: Path, path: str, *, as_root: bool, max_bytes: int, deadline_s: float = READ_DEADLINE_S
+) -> bytes:
+    """`path` resolved by the kernel inside `folder`, then read as read_regular_file reads.
+
+    `as_root`: as a process whose root `folder` is resolves it (absolute links and `..`
+    stop at `folder`); else strictly beneath `folder` (a link or `..` that leaves it is
+    refused, EXDEV). For the files of another container, seen through /proc/<pid>/root
+    and cwd: followed plainly from here, an absolute symlink in that container (`config.yaml
+    -> /etc/...`) would be resolved in kvcap's own file system, and kvcap would read its own
+    files as the other process's. Where the kernel has no openat2 (before 5.6, or a seccomp
+    profile without it), the path is followed plainly, as before it existed.
+    """
+    directory = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        resolve = _RESOLVE_IN_ROOT if as_root else _RESOLVE_BENEATH
+        located = _openat2(directory, path, os.O_PATH | os.O_CLOEXEC, resolve)
+    except _NoOpenat2:
+        return read_regular_file(
+            folder / path.lstrip("/"), max_bytes=max_bytes, deadline_s=deadline_s
+        )
+    finally:
+        os.close(directory)
+    try:
+        # An O_PATH descriptor opens nothing: a FIFO or a device is refused unopened.
+        _refuse_unless_regular(os.fstat(located).st_mode)
+        descriptor = os.open(f"/proc/self/fd/{located}", _READ_FLAGS)
+    finally:
+        os.close(located)
+    return _read_opened(descriptor, max_bytes, deadline_s)
+
+
+def read_vllm_config(path: str | os.PathLike[str]) -> str:
+    """The text of a vLLM `--config` YAML file, within MAX_VLLM_CONFIG_BYTES. Raises
+    FileRefused, OSError, or ValueError (not UTF-8) as read_regular_file does."""
+    return read_regular_file(path, max_bytes=MAX_VLLM_CONFIG_BYTES).decode("utf-8")
+
+
+def read_vllm_config_within(folder: Path, path: str, *, as_root: bool) -> str:
+    """read_vllm_config for a file of another process, resolved as read_file_within does."""
+    data = read_file_within(folder, path, as_root=as_root, max_bytes=MAX_VLLM_CONFIG_BYTES)
+    return data.decode("utf-8")
+
+
+class _NoOpenat2(Exception):
+    """The kernel (or a seccomp profile) does not offer openat2."""
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
+
+
+@functools.cache
+def _syscall() -> Any:
+    function = ctypes.CDLL(None, use_errno=True).syscall
+    function.restype = ctypes.c_long
+    return function
+
+
+def _openat2(directory: int, path: str, flags: int, resolve: int) -> int:
+    how = _OpenHow(flags, 0, resolve | _RESOLVE_NO_MAGICLINKS)
+    encoded = os.fsencode(path)
+    if b"\0" in encoded:
+        raise ValueError("embedded null byte")
+    descriptor = int(
+        _syscall()(
+            ctypes.c_long(_SYS_OPENAT2),
+            ctypes.c_int(directory),
+            ctypes.c_char_p(encoded),
+            ctypes.byref(how),
+            ctypes.c_size_t(ctypes.sizeof(how)),
+        )
+    )
+    if descriptor < 0:
+        number = ctypes.get_errno()
+        if number in (errno.ENOSYS, errno.EPERM):
+            raise _NoOpenat2
+        raise OSError(number, os.strerror(number), path)
+    return descriptor
+
+
+def _read_opened(descriptor: int, max_bytes: int, deadline_s: float) -> bytes:
     try:
         status = os.fstat(descriptor)
         _refuse_unless_regular(status.st_mode)
@@ -77,12 +170,6 @@ def read_regular_file(
         return _read_capped(descriptor, max_bytes, deadline_s)
     finally:
         os.close(descriptor)
-
-
-def read_vllm_config(path: str | os.PathLike[str]) -> str:
-    """The text of a vLLM `--config` YAML file, within MAX_VLLM_CONFIG_BYTES. Raises
-    FileRefused, OSError, or ValueError (not UTF-8) as read_regular_file does."""
-    return read_regular_file(path, max_bytes=MAX_VLLM_CONFIG_BYTES).decode("utf-8")
 
 
 def _refuse_unless_regular(mode: int) -> None:

@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from exporter import bounded_files
 from exporter.bounded_files import (
     MAX_YAML_DEPTH,
     MAX_YAML_NODES,
     FileRefused,
     load_yaml,
+    read_file_within,
     read_regular_file,
+    read_vllm_config_within,
 )
 from exporter.errors import ConfigError
 from exporter.model_config import load_model_config
@@ -138,3 +141,41 @@ def test_a_base_60_or_huge_yaml_integer_is_refused_before_it_is_computed() -> No
     with pytest.raises(FileRefused, match="base 60"):
         load_yaml("max-model-len: " + "9" * 100)
     assert load_yaml("max-model-len: 8192\nport: 0x1F") == {"max-model-len": 8192, "port": 31}
+
+
+@pytest.mark.parametrize("as_root", [True, False])
+def test_a_file_within_a_folder_is_held_to_the_same_bounds(tmp_path: Path, as_root: bool) -> None:
+    """read_file_within (another container's files): a FIFO and a device are refused without
+    being opened, a file past the cap by its size."""
+    (tmp_path / "dev").mkdir()
+    fifo_refused = refusal_of_a_fifo(
+        tmp_path / "dev" / "fifo",
+        lambda _: read_file_within(tmp_path, "dev/fifo", as_root=as_root, max_bytes=10),
+    )
+    assert isinstance(fifo_refused, FileRefused)
+    assert fifo_refused.reason == "file_not_regular"
+    (tmp_path / "dev" / "zero").symlink_to("/dev/zero")
+    # A link out of the folder: EXDEV beneath it; as root, /dev/zero inside it is the link
+    # itself: a loop (ELOOP).
+    with pytest.raises(OSError, match=r"cross-device link|Too many levels of symbolic links"):
+        read_file_within(tmp_path, "dev/zero", as_root=as_root, max_bytes=10)
+    (tmp_path / "big").write_bytes(b"x" * 11)
+    with pytest.raises(FileRefused, match="larger than 10 bytes"):
+        read_file_within(tmp_path, "big", as_root=as_root, max_bytes=10)
+    assert read_file_within(tmp_path, "big", as_root=as_root, max_bytes=11) == b"x" * 11
+
+
+def test_without_openat2_a_file_within_is_followed_plainly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kernels before 5.6 (or a seccomp profile without openat2) say ENOSYS or EPERM: the
+    path is then followed as before, still a regular file within its cap."""
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "vllm.yaml").write_text("a: 1\n")
+
+    def refused(*_: object) -> int:
+        raise bounded_files._NoOpenat2
+
+    monkeypatch.setattr(bounded_files, "_openat2", refused)
+    text = read_vllm_config_within(tmp_path, "/etc/vllm.yaml", as_root=True)
+    assert text == "a: 1\n"

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from exporter.bounded_files import FileRefused, read_vllm_config
+from exporter.bounded_files import FileRefused, read_vllm_config_within
 from exporter.collectors.parsing import VllmServeArgs, parse_vllm_serve_args
 from exporter.errors import KvcapError, UsageError
 from exporter.model_config import file_version
@@ -164,8 +164,13 @@ def _path_in(entry: Path, path: str) -> Path:
 
 
 def _process_file_reader(entry: Path) -> Callable[[str], str]:
+    """Reads a file the process names as the process would: an absolute path inside its
+    root, a relative one beneath its working folder (bounded_files.read_file_within)."""
+
     def read(path: str) -> str:
-        return read_vllm_config(_path_in(entry, path))
+        if path.startswith("/"):
+            return read_vllm_config_within(entry / "root", path, as_root=True)
+        return read_vllm_config_within(entry / "cwd", path, as_root=False)
 
     return read
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import structlog.testing
 
-from exporter.bounded_files import read_vllm_config
+from exporter.bounded_files import read_vllm_config_within
 from exporter.cli import CommandLineParser
 from exporter.collectors import (
     ServerPoller,
@@ -70,6 +70,38 @@ def test_a_proc_command_line_reads_its_config_file_from_the_process_root(tmp_pat
     assert (alone.model, alone.max_model_len) == ("/models/x", None)
 
 
+def test_a_config_link_in_the_process_root_resolves_inside_that_root(tmp_path: Path) -> None:
+    """The process's own links, absolute ones and `..` included, are followed as it would
+    follow them, inside its root: never to kvcap's own files (followed plainly through
+    /proc/<pid>/root, `/etc/vllm.yaml -> /secret.yaml` read the sidecar's /secret.yaml)."""
+    proc = tmp_path / "proc"
+    entry = proc / "4242"
+    root = entry / "root"
+    (root / "etc" / "configmap" / "..data").mkdir(parents=True)
+    # A Kubernetes ConfigMap mount: relative links into a timestamped folder.
+    (root / "etc" / "configmap" / "..data" / "vllm.yaml").write_text("max-model-len: 8192\n")
+    (root / "etc" / "configmap" / "vllm.yaml").symlink_to("..data/vllm.yaml")
+    (root / "etc" / "vllm.yaml").symlink_to("/etc/configmap/vllm.yaml")  # absolute, in-root
+    outside = tmp_path / "secret.yaml"  # the sidecar's own file, not the process's
+    outside.write_text("max-model-len: 1234\n")
+    (root / "etc" / "escape.yaml").symlink_to(str(outside))
+    (root / "etc" / "climb.yaml").symlink_to("../../../../secret.yaml")
+    (entry / "cwd").mkdir()
+    (entry / "cwd" / "up.yaml").symlink_to("../root/etc/configmap/..data/vllm.yaml")
+
+    def told(config: str) -> int | None:
+        argv = ["vllm", "serve", "/models/x", "--config", config]
+        (entry / "cmdline").write_bytes(b"\0".join(w.encode() for w in argv) + b"\0")
+        found = discover_serve_args(proc, command_lines=vllm_processes.CommandLines())
+        assert found is not None
+        return found.max_model_len
+
+    assert told("/etc/vllm.yaml") == 8192
+    assert told("/etc/escape.yaml") is None  # /tmp/.../secret.yaml inside the root: none
+    assert told("/etc/climb.yaml") is None  # `..` stops at the root: /secret.yaml, none
+    assert told("up.yaml") is None  # beneath the working folder only: refused (EXDEV)
+
+
 def test_a_config_file_is_read_once_per_change_not_once_a_poll(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -82,11 +114,11 @@ def test_a_config_file_is_read_once_per_change_not_once_a_poll(
     (entry / "cmdline").write_bytes(b"\0".join(w.encode() for w in argv) + b"\0")
     reads: list[str] = []
 
-    def counted(path: str) -> str:
+    def counted(folder: Path, path: str, *, as_root: bool) -> str:
         reads.append(path)
-        return read_vllm_config(path)
+        return read_vllm_config_within(folder, path, as_root=as_root)
 
-    monkeypatch.setattr(vllm_processes, "read_vllm_config", counted)
+    monkeypatch.setattr(vllm_processes, "read_vllm_config_within", counted)
     command_lines = vllm_processes.CommandLines()
     lengths = [
         getattr(discover_serve_args(proc, command_lines=command_lines), "max_model_len", None)
