@@ -322,12 +322,14 @@ _CHANGES: tuple[_Change, ...] = (
         page_padding=True,
     ),
     # Sliding and chunked layers keep every batch in flight (2 x MNBT with async scheduling).
-    # ... and choose their own block size: the backend's smallest kernel block.
+    # ... and choose their own block size: the backend's smallest kernel block. 0.25.1 keeps
+    # one batch (its CUDA grid: 65 of 225 records differ under this entry's rules).
     _change(
         (0, 26, 0),
         ("#47728", "#49878"),
         source="v1/kv_cache_interface.py SlidingWindowSpec / ChunkedLocalAttentionSpec "
-        "max_memory_usage_bytes (max_in_flight_tokens); AttentionSpec block size (0.26.0)",
+        "max_memory_usage_bytes (max_in_flight_tokens); AttentionSpec block size (0.26.0; "
+        "0.25.1 keeps one batch)",
         in_flight="concurrent_batches",
         sliding_block_kernel_min=True,
     ),
@@ -367,7 +369,8 @@ _CHANGES: tuple[_Change, ...] = (
     # get_mla_prefill_backend), on AMX hosts with AMX_MLA (#52616: platforms/cpu.py
     # get_attn_backend_cls). Read in the 0.29.0 wheel.
     # And get_kv_cache_configs holds back the null block (its check_memory) in the auto-fit
-    # and the memory check (#47272; 0.28.0 has neither).
+    # and the memory check (#47272; 0.28.0 has neither: its CUDA grid fits `-1` one block
+    # longer on 4 records, e.g. Llama-3.1-8B at 10 GiB 81,920 tokens, not 81,904).
     _change(
         (0, 29, 0),
         ("#49688", "#52191", "#51471", "#52616", "#47272"),
@@ -390,11 +393,14 @@ _CHANGES: tuple[_Change, ...] = (
         log_names_device=True,
         sliding_block_kernel_min=False,
     ),
-    # Mamba2 mixers export prefill checkpoints (mamba_mixer2.py: num_prefill_checkpoint_blocks=1).
+    # Mamba2 mixers export prefill checkpoints (mamba_mixer2.py: num_prefill_checkpoint_blocks=1),
+    # the mechanism 0.31.0 has for Kimi's KDA only (layers/mamba/checkpoint.py); 0.31.0's CUDA
+    # grid plans Nemotron-H without the block (16 records differ under this entry's rules).
     _change(
         (0, 32, 0),
         (),
-        source="model_executor/layers/mamba/mamba_mixer2.py (PR not identified)",
+        source="model_executor/layers/mamba/mamba_mixer2.py MambaMixer2.get_kv_cache_spec "
+        "(0.32.0; 0.31.0 has none; PR not identified)",
         mamba2_prefill_checkpoint=True,
     ),
     # Planning code moves to kv_cache_planning.py. CUDA: the gated-delta-net layers export
