@@ -232,6 +232,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     configure_logging("warn")
+    # First, while this process has freed nothing that libzmq's allocations could reuse
+    # (RSS would not show them).
+    zmq_kib = zmq_bytes_per_stream() / 1024
     working_sets = [int(n) for n in args.working_sets.split(",")]
     points = [busy_point(None, args.seconds)]
     points += [busy_point(n, args.seconds) for n in working_sets]
@@ -260,7 +263,7 @@ def main() -> None:
             f"tracemalloc, working set {n}: {per_block:.0f} B a block, "
             f"{per_engine:,.0f} B an engine"
         )
-    print(f"libzmq, a followed stream: {zmq_bytes_per_stream() / 1024:.0f} KiB")
+    print(f"libzmq, a followed stream: {zmq_kib:.0f} KiB")
 
 
 if __name__ == "__main__":
