@@ -77,7 +77,8 @@ class SimulatedVllm:
     engines: dict[int, SimulatedEngine] = field(default_factory=dict)
     kv_events: bool = True  # publish KV events (and report them in /kv_event_sources)
     # Blocks each engine's full-attention group keeps resident (a sliding-window group a
-    # quarter of it): what the benchmarks vary to measure the cost of a resident block.
+    # quarter of it; at least 8, the blocks a step stores): what the benchmarks vary to
+    # measure the cost of a resident block.
     kv_events_working_set: int = 512
     # `--kv-offloading-size` in GiB (CPU offloading, vLLM's native backend), or None.
     kv_offloading_size_gib: int | None = None
