@@ -2,8 +2,9 @@
 
 Busy = 64 engines behind one simulated vLLM API server, polled every second, while a
 client scrapes /metrics 10 times a second; measured twice, without the engines' KV events
-and with them (each engine publishes a batch every 0.2 s and keeps 640 blocks resident,
-the kv_events collector follows all 64). Figures come from /proc of the daemon; the
+and with them (each engine publishes a batch every 0.2 s and keeps 1,280 blocks resident:
+512 in its full-attention group, 128 in each of its 6 sliding-window groups; the
+kv_events collector follows all 64). Figures come from /proc of the daemon; the
 busy RSS is the peak of the samples taken every second.
 Run: .venv/bin/python -m benchmarks.daemon
 """
@@ -30,11 +31,17 @@ BUSY_SECONDS = 30.0
 ENGINES = 64
 # Targets of the busy daemon (docs/performance.md): without KV events, and what each
 # followed engine and each resident block of its prefix cache may add with them
-# (docs/reliability.md's budget; measured 2026-12-02: ~130 KiB and 119 B).
+# (docs/reliability.md's budget). Fitted from busy runs at 20 to 2,560 blocks per engine
+# (benchmarks/kv_events_cost.py, three runs on 2026-12-02): 224-281 KiB per engine of 7 KV
+# cache groups (libzmq's sockets and pipes ~60 KiB, the exposition of its 152 residency
+# series, malloc's arenas) and 115-132 B per block (a 64-bit int key and a dict entry:
+# under churn CPython sizes a dict's entries at 2 to 4 x the blocks held). The budgets are
+# over the highest fit of the three (a run's peak is 0.2-3 MiB over its median, so one
+# run's fit moves by ~50 KiB an engine).
 BUSY_RSS_TARGET_MIB = 45.0
 BUSY_CPU_TARGET = 0.06
-ENGINE_KIB = 160
-RESIDENT_BLOCK_BYTES = 128
+ENGINE_KIB = 320
+RESIDENT_BLOCK_BYTES = 144
 
 
 def kv_events_allowance_mib(engines: int, blocks: int) -> float:

@@ -76,6 +76,10 @@ class SimulatedVllm:
     instance_id: str = "1764460800000000000"
     engines: dict[int, SimulatedEngine] = field(default_factory=dict)
     kv_events: bool = True  # publish KV events (and report them in /kv_event_sources)
+    # Blocks each engine's full-attention group keeps resident (a sliding-window group a
+    # quarter of it; at least 8, the blocks a step stores): what the benchmarks vary to
+    # measure the cost of a resident block.
+    kv_events_working_set: int = 512
     # `--kv-offloading-size` in GiB (CPU offloading, vLLM's native backend), or None.
     kv_offloading_size_gib: int | None = None
     _server: ThreadedHttpServer | None = None
@@ -232,6 +236,7 @@ class SimulatedVllm:
                     (index, group.kind, group.sliding_window)
                     for index, group in enumerate(self.plan.capacity.groups)
                 ),
+                working_set=self.kv_events_working_set,
             )
             self._publishers.start()
 

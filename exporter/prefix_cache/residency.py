@@ -39,7 +39,7 @@ MAX_MEDIA: Final = 4
 # announce up to 2**48.
 MAX_POOL_BLOCKS: Final = 2**21
 # Blocks of one engine, over all its groups and media, while its pool size is not known:
-# ~30 MiB at ~119 B a block (docs/reliability.md).
+# ~33 MiB at ~132 B a block (docs/reliability.md).
 DEFAULT_MAX_BLOCKS: Final = 2**18
 # KV cache groups per engine kvcap tracks: vLLM's hybrid models have a handful (Gemma 3:
 # 6, a 7:1 hybrid: 8); 16 groups x 4 media keeps an engine's residency within ~1,400 series.

@@ -8,12 +8,17 @@ copy per engine, a queue that is not drained) fails it.
 
 from __future__ import annotations
 
-from benchmarks.daemon import ENGINES, busy_run, kv_events_allowance_mib
+from benchmarks.daemon import BUSY_RSS_TARGET_MIB, ENGINES, busy_run, kv_events_allowance_mib
 
 # 42.6-43.9 MiB measured at the end of 30 s runs without KV events (2026-12-02), 43.2 MiB
 # for the code of 2026-11-30 in the same minutes; the regression of issue 26 was 90 MiB.
-# With KV events, 56.7 MiB once replays stopped blocking the other streams (89.4 before).
 CEILING_MIB = 60.0
+# With KV events: the benchmark's allowance (45 MiB and the documented cost per followed
+# engine and per resident block) and this margin: 84 MiB for the 81,920 blocks of today's
+# demo engines (7 KV cache groups each), where the daemon peaks at 66.8-73.5 MiB, and the
+# replays that blocked the other streams took it to 89.4 MiB (56.7 MiB once they did not,
+# with 2 groups an engine).
+KV_EVENTS_MARGIN_MIB = 8.0
 
 
 def test_busy_daemon_without_kv_events_stays_under_its_ceiling() -> None:
@@ -27,5 +32,6 @@ def test_busy_daemon_with_kv_events_adds_only_its_streams_and_resident_blocks() 
     run = busy_run(20.0, kv_events=True)
     assert run.failures == 0
     assert run.resident_blocks > 0
-    allowed = CEILING_MIB + kv_events_allowance_mib(ENGINES, run.resident_blocks)
+    allowance = kv_events_allowance_mib(ENGINES, run.resident_blocks)
+    allowed = BUSY_RSS_TARGET_MIB + allowance + KV_EVENTS_MARGIN_MIB
     assert run.peak_rss_mib <= allowed, f"peak RSS {run.peak_rss_mib:.1f} MiB"

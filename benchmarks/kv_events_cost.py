@@ -1,0 +1,270 @@
+"""What a followed KV event stream and a resident block cost the busy daemon, fitted from
+real runs: the daemon process of benchmarks.daemon (64 engines, 1 s polling, 10 scrapes a
+second) without KV events, then with them while each engine keeps N blocks resident for
+several N. A least-squares line through (resident blocks, RSS) gives the cost per block
+(its slope) and per followed engine (its intercept over the run without KV events). The
+residency's own structures are measured beside it with tracemalloc, in this process, fed
+the simulated engines' stream shape (with its churn: stores, and removals of the oldest).
+Run: .venv/bin/python -m benchmarks.kv_events_cost [--seconds S] [--working-sets 8,128,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from benchmarks.daemon import (
+    ENGINES,
+    free_port,
+    proc_figures,
+    resident_blocks,
+    scrape,
+    start_daemon,
+)
+from exporter.collectors.kv_events_subscription import SUBSCRIPTION_RCVHWM
+from exporter.demo import simulated_deployment
+from exporter.kv_events_wire import BatchDecoder
+from exporter.logs import configure_logging
+from exporter.prefix_cache import EngineResidency
+
+# Blocks of the full-attention group each engine keeps (a sliding-window group a quarter):
+# 8 is the least the simulated publisher can keep (it stores 8 blocks a step).
+WORKING_SETS = (8, 128, 256, 512, 1024)
+MEASURE_SECONDS = 15.0
+# Blocks a step stores in the full-attention group (a sliding-window group: a quarter).
+_BLOCKS_PER_STEP = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One busy run: the working set asked for, the blocks resident at its end, and the
+    daemon's peak and median RSS while measured (MiB)."""
+
+    working_set: int | None  # None: no KV events
+    blocks: int
+    peak_rss_mib: float
+    median_rss_mib: float
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through the points."""
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
+    return mean_y - slope * mean_x, slope
+
+
+def expected_blocks(working_set: int, groups: Sequence[int | None]) -> int:
+    """Blocks an engine holds once its working set is full (`groups`: each group's
+    sliding window, None for full attention)."""
+    return sum(working_set if window is None else working_set // 4 for window in groups)
+
+
+def busy_point(working_set: int | None, seconds: float) -> Point:
+    """A daemon following 64 engines, measured while scraped 10 times a second once each
+    engine holds its whole working set."""
+    with tempfile.TemporaryDirectory() as directory:
+        simulation = simulated_deployment(Path(directory) / "gemma", data_parallel_size=ENGINES)
+        simulation.kv_events = working_set is not None
+        simulation.kv_events_working_set = working_set or 8
+        windows = [group.sliding_window for group in simulation.plan.capacity.groups]
+        wanted = ENGINES * expected_blocks(working_set, windows) if working_set else 0
+        url = simulation.start()
+        port = free_port()
+        process = start_daemon(
+            port, "--vllm.url", url, "--vllm.poll-interval", "1",
+            "--vllm.args", simulation.vllm_args,
+        )  # fmt: skip
+        try:
+            while not scrape(port):
+                time.sleep(0.05)
+            deadline = time.monotonic() + 120
+            while resident_blocks(port) < wanted and time.monotonic() < deadline:
+                for _ in range(10):
+                    scrape(port)
+                    time.sleep(0.1)
+            samples = []
+            began = time.monotonic()
+            while time.monotonic() - began < seconds:
+                for _ in range(10):
+                    scrape(port)
+                    time.sleep(0.1)
+                samples.append(proc_figures(process.pid)[0])
+            return Point(
+                working_set,
+                resident_blocks(port),
+                max(samples),
+                statistics.median(samples),
+            )
+        finally:
+            process.terminate()
+            process.wait(5)
+            simulation.stop()
+
+
+def _stream(working_set: int, groups: int, steps: int, seed: int) -> list[bytes]:
+    """Batches as a simulated engine publishes them: per step, per group, BlockRemoved
+    events for the oldest blocks past the working set, then a BlockStored of new ones
+    (group 0 is full attention, the others sliding window, a quarter of the blocks)."""
+    rng = random.Random(seed)
+    resident: list[list[int]] = [[] for _ in range(groups)]
+    payloads = []
+    for step in range(steps):
+        events: list[object] = []
+        for group in range(groups):
+            limit = working_set if group == 0 else working_set // 4
+            count = _BLOCKS_PER_STEP if group == 0 else _BLOCKS_PER_STEP // 4
+            held = resident[group]
+            evicted = max(0, len(held) + count - limit)
+            for block_hash in held[:evicted]:
+                events.append(
+                    {"type": "BlockRemoved", "block_hashes": [block_hash], "group_idx": group}
+                )
+            del held[:evicted]
+            new = [rng.getrandbits(64) for _ in range(count)]
+            held.extend(new)
+            events.append(
+                {"type": "BlockStored", "block_hashes": new, "group_idx": group, "medium": "GPU"}
+            )
+        payloads.append(msgspec.msgpack.encode([1.7e9 + step * 0.2, events, 0]))
+    return payloads
+
+
+def traced_bytes_per_block(working_set: int, groups: int) -> tuple[float, float]:
+    """(bytes per resident block, bytes of an engine's residency with its blocks taken
+    out) of ENGINES residencies in steady churn, as tracemalloc counts them."""
+    steps = 3 * working_set // _BLOCKS_PER_STEP + 50
+    streams = [_stream(working_set, groups, steps, seed) for seed in range(ENGINES)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    residencies = []
+    for engine, payloads in enumerate(streams):
+        residency = EngineResidency(str(engine))
+        residency.set_pool_blocks(100_000)
+        decoder = BatchDecoder()
+        for payload in payloads:
+            residency.apply(decoder.decode(payload))
+        residencies.append(residency)
+    gc.collect()
+    total = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    blocks = sum(p.resident_blocks for r in residencies for p in r.view().pools)
+    return total / blocks, total / ENGINES
+
+
+# Publishers in a child process (their buffers are not the subscriber's): one PUB per
+# stream, each sending a batch of the simulated engines' size every 0.2 s.
+_PUBLISHERS = """
+import sys, time, zmq
+context = zmq.Context()
+pubs = [context.socket(zmq.PUB) for _ in range(int(sys.argv[1]))]
+for pub in pubs:
+    pub.bind("tcp://127.0.0.1:0")
+print(" ".join(pub.getsockopt_string(zmq.LAST_ENDPOINT) for pub in pubs), flush=True)
+while True:
+    for pub in pubs:
+        pub.send_multipart([b"", bytes(8), bytes(1200)])
+    time.sleep(0.2)
+"""
+
+
+def rss_kib() -> int:
+    status = Path("/proc/self/status").read_text().splitlines()
+    return int(next(line.split()[1] for line in status if line.startswith("VmRSS")))
+
+
+def zmq_bytes_per_stream(seconds: float = 10.0) -> float:
+    """RSS one followed stream costs in libzmq: a SUB socket set up as the collector's
+    (its monitor socket included), connected over TCP and drained for `seconds`."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _PUBLISHERS, str(ENGINES)], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    endpoints = child.stdout.readline().split()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        context.socket(zmq.SUB).close()  # the I/O thread and the context's own
+        before = rss_kib()
+        poller = zmq.Poller()
+        for endpoint in endpoints:
+            socket = context.socket(zmq.SUB)
+            socket.setsockopt(zmq.RCVHWM, SUBSCRIPTION_RCVHWM)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.setsockopt(zmq.SUBSCRIBE, b"")
+            poller.register(socket.get_monitor_socket(zmq.EVENT_CONNECTED), zmq.POLLIN)
+            poller.register(socket, zmq.POLLIN)
+            socket.connect(endpoint)
+        began = time.monotonic()
+        while time.monotonic() - began < seconds:
+            for ready, _ in poller.poll(200):
+                if ready.socket_type == zmq.PAIR:
+                    recv_monitor_message(ready)
+                    continue
+                while ready.poll(0):
+                    ready.recv_multipart(copy=False)
+        return (rss_kib() - before) * 1024 / ENGINES
+    finally:
+        child.kill()
+        child.wait()
+        context.destroy(linger=0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=MEASURE_SECONDS)
+    parser.add_argument(
+        "--working-sets", default=",".join(map(str, WORKING_SETS)), help="comma-separated"
+    )
+    args = parser.parse_args()
+    configure_logging("warn")
+    # First, while this process has freed nothing that libzmq's allocations could reuse
+    # (RSS would not show them).
+    zmq_kib = zmq_bytes_per_stream() / 1024
+    working_sets = [int(n) for n in args.working_sets.split(",")]
+    points = [busy_point(None, args.seconds)]
+    points += [busy_point(n, args.seconds) for n in working_sets]
+    print(f"{'working set':>12s} {'blocks':>8s} {'peak MiB':>9s} {'median MiB':>11s}")
+    for point in points:
+        label = "no events" if point.working_set is None else str(point.working_set)
+        print(
+            f"{label:>12s} {point.blocks:8,d} {point.peak_rss_mib:9.1f} "
+            f"{point.median_rss_mib:11.1f}"
+        )
+    followed = points[1:]
+    for figure in ("peak_rss_mib", "median_rss_mib"):
+        ys = [getattr(p, figure) for p in followed]
+        intercept, slope = fit_line([p.blocks for p in followed], ys)
+        engine_kib = (intercept - getattr(points[0], figure)) * 1024 / ENGINES
+        print(
+            f"fit of {figure}: {slope * 2**20:.0f} B per resident block, "
+            f"{engine_kib:.0f} KiB per followed engine (intercept {intercept:.1f} MiB)"
+        )
+    with tempfile.TemporaryDirectory() as directory:
+        plan = simulated_deployment(Path(directory) / "gemma").plan
+    groups = len(plan.capacity.groups)
+    for n in working_sets:
+        per_block, per_engine = traced_bytes_per_block(n, groups)
+        print(
+            f"tracemalloc, working set {n}: {per_block:.0f} B a block, "
+            f"{per_engine:,.0f} B an engine"
+        )
+    print(f"libzmq, a followed stream: {zmq_kib:.0f} KiB")
+
+
+if __name__ == "__main__":
+    main()
