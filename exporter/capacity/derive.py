@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.capacity import families
+from exporter.capacity.config_refusals import refuse_minus_one
 from exporter.capacity.families import AttentionLayer, BuildContext, MambaLayer, ModelLayout
 from exporter.capacity.grouping import GroupLayer, KvCacheGroup, group_layers, unify_hybrid_specs
 from exporter.capacity.hf_config import HfConfig
@@ -155,7 +156,7 @@ def derive_capacity(
     # each step raises what vLLM would refuse at that point.
     resolved = _resolve_settings(HfConfig(config), settings)
     built = _build_groups(resolved)
-    plan = _plan_blocks(resolved, built.groups, available_kv_bytes_per_worker, num_gpu_blocks)
+    plan = _plan_blocks(resolved, built, available_kv_bytes_per_worker, num_gpu_blocks)
     return _assemble_result(resolved, built, plan)
 
 
@@ -164,6 +165,13 @@ def _resolve_settings(hf: HfConfig, settings: EngineSettings) -> _Resolved:
     _check_parallel_sizes(hf, settings)
     release = settings.release
     rules = settings.platform_rules
+    if settings.auto_fit_max_model_len:
+        refuse_minus_one(
+            release.rules,
+            is_cpu=rules.is_cpu,
+            world_size=settings.world_size,
+            batched_tokens_given=settings.max_num_batched_tokens is not None,
+        )
     _check_platform_release(hf, rules, release.rules)
     settings = _platform_settings(hf, settings, rules)
 
@@ -267,12 +275,12 @@ def _build_groups(r: _Resolved) -> _Groups:
 
 def _plan_blocks(
     r: _Resolved,
-    groups: list[KvCacheGroup],
+    built: _Groups,
     available_kv_bytes_per_worker: int | None,
     num_gpu_blocks: int | None,
 ) -> _Plan:
     """Fit max_model_len (auto-fit or check) and count the blocks every worker can hold."""
-    settings = r.settings
+    settings, groups = r.settings, built.groups
     pp = settings.pipeline_parallel_size
     stages = pipeline_stage_layers(r.layout.num_decoder_layers, pp)
     stage_bytes = bytes_per_block_per_stage(groups, stages)
@@ -291,7 +299,10 @@ def _plan_blocks(
     # The groups the start-up check counts: every group, or (0.18) group 0's alone.
     checked = groups if r.release_rules.memory_check_all_groups else groups[:1]
 
-    def needed(bytes_per_block: int) -> Callable[[int], int]:
+    def needed(bytes_per_block: int, stage: range) -> Callable[[int], int]:
+        if r.release_rules.memory_check_layer_specs:  # 0.10 to 0.13: each layer's own spec
+            own = [spec for layer, spec in built.specs if layer.decoder_index in stage]
+            return lambda length: sum(spec.max_memory_usage_bytes(limits(length)) for spec in own)
         return lambda length: bytes_per_block * blocks_per_request(checked, limits(length))
 
     # A known block count stands for the memory it fills; workers with no layers hold
@@ -305,8 +316,12 @@ def _plan_blocks(
     fixed_blocks = sizing_override or num_gpu_blocks
     workers_measured = not fixed_blocks and available_kv_bytes_per_worker is not None
     workers = [
-        (bpb, fixed_blocks * bpb if fixed_blocks else available_kv_bytes_per_worker or 0)
-        for bpb in worker_bytes
+        (bpb, fixed_blocks * bpb if fixed_blocks else available_kv_bytes_per_worker or 0, stage)
+        for bpb, stage in zip(
+            worker_bytes,
+            [stage for stage in stages for _ in range(settings.tensor_parallel_size)],
+            strict=True,
+        )
         if bpb > 0
     ]
 
@@ -316,21 +331,21 @@ def _plan_blocks(
     max_model_len = r.max_model_len
     if settings.auto_fit_max_model_len:
         max_model_len = min(
-            fit_max_model_len(needed(bpb), usable(bpb, available), r.derived_len)
-            for bpb, available in workers
+            fit_max_model_len(needed(bpb, stage), usable(bpb, available), r.derived_len)
+            for bpb, available, stage in workers
         )
         if max_model_len == 0:
             raise auto_fit_failure()
     # Before 0.20.1 the check used the measured memory, not the override's: unknown here.
     if not replacing_override or workers_measured:
-        for bpb, available in workers:
+        for bpb, available, stage in workers:
             check_fits(
                 max_model_len=max_model_len,
                 usable_bytes=usable(bpb, available),
-                needed_bytes=needed(bpb),
+                needed_bytes=needed(bpb, stage),
                 wording=rules.memory_check_wording,
             )
-    num_blocks = min(available // bpb for bpb, available in workers)
+    num_blocks = min(available // bpb for bpb, available, _ in workers)
     return _Plan(
         stages=stages,
         worker_bytes=worker_bytes,
@@ -388,6 +403,7 @@ def _assemble_result(r: _Resolved, built: _Groups, plan: _Plan) -> CapacityResul
             tokens=logged,
             max_model_len=plan.max_model_len,
             concurrency=concurrency,
+            workers=settings.world_size,
         ),
         logged_kv_cache_size_tokens=logged,
         log_note=GROUP_UNAWARE_NOTE if logged != tokens else None,
