@@ -263,11 +263,12 @@ _CHANGES: tuple[_Change, ...] = (
     # ModelConfig validates `max_model_len > 0` (pydantic Field gt=0), so -1 is refused
     # there; 0.12.0 takes it unvalidated (SkipValidation) and SchedulerConfig refuses the
     # batch defaults derived from it. The memory check's messages link the docs on
-    # conserving memory. Nemotron-H's SSM state takes the config's `mamba_ssm_cache_dtype`
-    # (NemotronHForCausalLMConfig; before: the model dtype). PRs not identified.
+    # conserving memory (PRs of these not identified). Nemotron-H's SSM state takes the
+    # config's `mamba_ssm_cache_dtype` (#29978: NemotronHForCausalLMConfig; before: the
+    # model dtype).
     _change(
         (0, 13, 0),
-        (),
+        ("#29978",),
         source="config/model.py ModelConfig.max_model_len; v1/core/kv_cache_utils.py "
         "check_enough_kv_cache_memory; model_executor/models/config.py "
         "NemotronHForCausalLMConfig (0.13.0)",
