@@ -1,4 +1,4 @@
-"""How releases before auto-fit refuse `--max-model-len -1` while they make the engine config."""
+"""How releases before auto-fit (0.14) answer `--max-model-len -1`: each its own refusal."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def refuse_minus_one(
     release: RuleSet, *, is_cpu: bool, world_size: int, batched_tokens_given: bool
 ) -> None:
     """Raise the release's refusal of `--max-model-len -1` (nothing from 0.14 on: it fits)."""
-    if release.max_model_len_minus_one == "auto_fit":
-        return
+    if release.max_model_len_minus_one in ("auto_fit", "planned_as_length"):
+        return  # 0.10 plans -1 as a length: the capacity code divides by its 0 blocks
     if release.max_model_len_minus_one == "model_config_refuses":
         message = (
             "1 validation error for ModelConfig\nmax_model_len\n  Input should be greater "

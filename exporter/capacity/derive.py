@@ -123,6 +123,8 @@ class _Groups:
     kv_cache_dtype: str
     specs: list[tuple[AttentionLayer | MambaLayer, KvCacheSpec]]
     groups: list[KvCacheGroup]
+    # The layers as grouped: after the hybrid manager's switch-off, before page unification.
+    layers: list[GroupLayer]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +178,7 @@ def _resolve_settings(hf: HfConfig, settings: EngineSettings) -> _Resolved:
     settings = _platform_settings(hf, settings, rules)
 
     derived_len = hf.default_max_model_len()
-    max_model_len = _resolve_max_model_len(hf, settings)
+    max_model_len = _resolve_max_model_len(hf, settings, release.rules)
     layout, family_name, settings = _release_layout(hf, settings, release.rules)
     _check_engine(layout, rules, release.rules)
     return _Resolved(
@@ -267,10 +269,20 @@ def _build_groups(r: _Resolved) -> _Groups:
     layers = [GroupLayer(layer.name, layer.decoder_index, spec) for layer, spec in specs]
     if not r.hybrid_manager:
         layers = unify_hybrid_specs(layers)
-    groups = group_layers(layers, r.release_rules)
+    groups = group_layers(_worker_layers(r, layers, stage=0), r.release_rules)
     if not groups:
         raise CapacityError(f"{r.hf.architecture} has no KV cache (attention-free model)")
-    return _Groups(kv_cache_dtype=kv.name, specs=specs, groups=groups)
+    return _Groups(kv_cache_dtype=kv.name, specs=specs, groups=groups, layers=layers)
+
+
+def _worker_layers(r: _Resolved, layers: list[GroupLayer], stage: int) -> list[GroupLayer]:
+    """The layers vLLM groups: the whole model's, or (0.10) each worker's own, whose
+    get_kv_cache_config groups them; the scheduler takes worker 0's groups."""
+    pp = r.settings.pipeline_parallel_size
+    if not r.release_rules.groups_per_worker or pp == 1:
+        return layers
+    own = pipeline_stage_layers(r.layout.num_decoder_layers, pp)[stage]
+    return [layer for layer in layers if layer.decoder_index in own]
 
 
 def _plan_blocks(
@@ -284,6 +296,13 @@ def _plan_blocks(
     pp = settings.pipeline_parallel_size
     stages = pipeline_stage_layers(r.layout.num_decoder_layers, pp)
     stage_bytes = bytes_per_block_per_stage(groups, stages)
+    if r.release_rules.groups_per_worker and pp > 1:  # 0.10: each stage its own groups
+        stage_bytes = [
+            bytes_per_block_per_stage(
+                group_layers(_worker_layers(r, built.layers, s), r.release_rules), [stages[s]]
+            )[0]
+            for s in range(pp)
+        ]
     worker_bytes = [stage_bytes[s] for s in range(pp) for _ in range(settings.tensor_parallel_size)]
     # Batched tokens follow the configured length, before any auto-fit shortens it.
     batched_tokens = _batched_tokens(r.hf, settings, r.rules, r.max_model_len)
@@ -329,7 +348,7 @@ def _plan_blocks(
         return available - bpb if rules.null_block_reserved else available
 
     max_model_len = r.max_model_len
-    if settings.auto_fit_max_model_len:
+    if _auto_fit(r):
         max_model_len = min(
             fit_max_model_len(needed(bpb, stage), usable(bpb, available), r.derived_len)
             for bpb, available, stage in workers
@@ -381,7 +400,7 @@ def _assemble_result(r: _Resolved, built: _Groups, plan: _Plan) -> CapacityResul
             kv_cache_size_tokens=tokens,
             kv_cache_max_concurrency=concurrency,
             num_gpu_blocks=plan.num_blocks,
-            block_size=_scheduler_block_size(groups, r.mode),
+            block_size=_scheduler_block_size(groups, r.mode, every_group=plan.max_model_len < 0),
             max_model_len=plan.max_model_len,
             cache_dtype=built.kv_cache_dtype,
             groups=tuple(
@@ -392,9 +411,7 @@ def _assemble_result(r: _Resolved, built: _Groups, plan: _Plan) -> CapacityResul
             approximate=r.layout.approximate or release.approximate,
         ),
         effective_attention_block_size=_effective_attention_block_size(groups, settings),
-        max_model_len_before_planning=(
-            r.derived_len if settings.auto_fit_max_model_len else plan.max_model_len
-        ),
+        max_model_len_before_planning=(r.derived_len if _auto_fit(r) else plan.max_model_len),
         max_num_batched_tokens=plan.batched_tokens,
         vllm_version=release.version,
         log_lines=log_lines(
@@ -498,8 +515,16 @@ def _check_parallel_sizes(hf: HfConfig, settings: EngineSettings) -> None:
         )
 
 
-def _resolve_max_model_len(hf: HfConfig, settings: EngineSettings) -> int:
+def _auto_fit(r: _Resolved) -> bool:
+    """`--max-model-len -1` on a release that fits the length to the KV memory (0.14 on)."""
+    fits = r.release_rules.max_model_len_minus_one == "auto_fit"
+    return fits and r.settings.auto_fit_max_model_len
+
+
+def _resolve_max_model_len(hf: HfConfig, settings: EngineSettings, release: RuleSet) -> int:
     requested = settings.max_model_len
+    if requested == -1 and release.max_model_len_minus_one == "planned_as_length":
+        return -1  # 0.10 plans with it as it is (config_refusals)
     if requested is None or requested == -1:
         return hf.default_max_model_len()
     if not hf.allows_max_model_len(requested):
@@ -555,12 +580,16 @@ def _describe(
     )
 
 
-def _scheduler_block_size(groups: list[KvCacheGroup], mode: MambaCacheMode) -> int:
-    """The smallest block size among prefix-cacheable groups (cache_config.block_size)."""
+def _scheduler_block_size(
+    groups: list[KvCacheGroup], mode: MambaCacheMode, *, every_group: bool = False
+) -> int:
+    """The smallest block size among prefix-cacheable groups (cache_config.block_size);
+    `every_group`: 0.10 planning --max-model-len -1, whose Mamba block of -1 tokens is the
+    smallest."""
     sizes = [
         g.spec.block_size
         for g in groups
-        if not isinstance(g.spec, MambaSpec) or mode in ("align", "all")
+        if every_group or not isinstance(g.spec, MambaSpec) or mode in ("align", "all")
     ]
     return min(sizes) if sizes else groups[0].spec.block_size
 

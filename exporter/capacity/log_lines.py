@@ -44,4 +44,6 @@ def log_lines(
     maximum = f"Maximum concurrency for {max_model_len:,} tokens per request: {concurrency:.2f}x"
     if rules.log_one_line:
         return (f"{size}, {maximum}",)
-    return (size, *[maximum] * (workers if rules.log_concurrency_per_worker else 1))
+    if rules.log_per_worker == "both_per_worker":
+        return (size, maximum) * workers
+    return (size, *[maximum] * (workers if rules.log_per_worker == "concurrency_per_worker" else 1))

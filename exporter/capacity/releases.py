@@ -55,8 +55,17 @@ MemoryCheckWording = Literal["two_decimals_no_link", "two_decimals", "models_s",
 # `--max-model-len -1`: the release fits the longest length the KV memory holds
 # ("auto_fit"); or refuses it while it makes the engine config: ModelConfig's
 # `max_model_len > 0` ("model_config_refuses"), or, before that check, SchedulerConfig's
-# defaults derived from -1 (max_num_seqs x -1 batched tokens, "scheduler_refuses").
-MaxModelLenMinusOne = Literal["auto_fit", "model_config_refuses", "scheduler_refuses"]
+# defaults derived from -1 (max_num_seqs x -1 batched tokens, "scheduler_refuses"); or
+# plans with -1 as the length ("planned_as_length": a full-attention request needs 0 blocks,
+# so the concurrency divides by zero unless a sliding or Mamba layer needs one).
+MaxModelLenMinusOne = Literal[
+    "auto_fit", "model_config_refuses", "scheduler_refuses", "planned_as_length"
+]
+# Who logs the capacity lines: the engine once ("engine"); every worker its
+# "Maximum concurrency ..." line after one "GPU KV cache size" line ("concurrency_per_worker");
+# or every worker both lines, each with its own figures before the configs are unified
+# ("both_per_worker").
+LogPerWorker = Literal["engine", "concurrency_per_worker", "both_per_worker"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,13 +151,15 @@ class RuleSet:
     # 0.13): before the hybrid manager's switch-off turns sliding and chunked layers into
     # full attention and before pages are unified, so no padding is counted.
     memory_check_layer_specs: bool
+    # Each worker groups its own layers (0.10: get_kv_cache_config per worker; with PP the
+    # stages' groups differ); from 0.11 the whole model's layers are grouped once.
+    groups_per_worker: bool
     memory_check_wording: MemoryCheckWording
     max_model_len_minus_one: MaxModelLenMinusOne
     # Nemotron-H's SSM state dtype is the config's `mamba_ssm_cache_dtype` (before: the
     # model dtype, as for other Mamba2 models, unless --mamba-ssm-cache-dtype says).
     nemotron_h_config_ssm_dtype: bool
-    # "Maximum concurrency ..." logged once per worker (logger.info); later: info_once.
-    log_concurrency_per_worker: bool
+    log_per_worker: LogPerWorker
 
     @property
     def name(self) -> str:
@@ -191,10 +202,11 @@ _FIRST = RuleSet(
     null_block_reserved=False,
     memory_check_all_groups=True,
     memory_check_layer_specs=True,
+    groups_per_worker=True,
     memory_check_wording="two_decimals_no_link",
-    max_model_len_minus_one="scheduler_refuses",
+    max_model_len_minus_one="planned_as_length",
     nemotron_h_config_ssm_dtype=False,
-    log_concurrency_per_worker=True,
+    log_per_worker="both_per_worker",
 )
 
 
@@ -232,12 +244,21 @@ _CHANGES: tuple[_Change, ...] = (
     # sorted by spec when unified. CUDA: FlashMLA's block is forced only when --block-size
     # is not a multiple of 64 (platforms/cuda.py `% 64` in 0.11.1; 0.10.2: `!= 64`). MLA
     # layers get their own spec class (v1/kv_cache_interface.py MLAAttentionSpec, 0.11.1).
+    # The EngineCore logs "GPU KV cache size" once (info_once) and the concurrency per
+    # worker, and EngineArgs derives the batch defaults from max_model_len, so
+    # SchedulerConfig refuses -1 (_report_kv_cache_config, _set_default_args, 0.11.2; 0.10.2
+    # logged both lines in each worker's get_kv_cache_config; PR not identified).
     _change(
         (0, 11, 0),
         ("#25101", "#23974", "#25752"),
         source="v1/core/kv_cache_utils.py get_kv_cache_groups, get_kv_cache_configs; "
         "v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes, MLAAttentionSpec; "
-        "platforms/cuda.py CudaPlatform.check_and_update_config (0.11.1; its PR not identified)",
+        "platforms/cuda.py CudaPlatform.check_and_update_config (0.11.1; its PR not "
+        "identified); v1/core/kv_cache_utils.py _report_kv_cache_config, "
+        "engine/arg_utils.py _set_default_args (0.11.2)",
+        log_per_worker="concurrency_per_worker",
+        max_model_len_minus_one="scheduler_refuses",
+        groups_per_worker=False,
         cpu_sliding_window_v0=False,
         uniform_type_group=True,
         strided_groups=True,
@@ -258,7 +279,7 @@ _CHANGES: tuple[_Change, ...] = (
         "_get_kv_cache_groups_uniform_page_size, _report_kv_cache_config (0.12.0)",
         page_size_unification=True,
         group_size_ratio=1.25,
-        log_concurrency_per_worker=False,
+        log_per_worker="engine",
     ),
     # ModelConfig validates `max_model_len > 0` (pydantic Field gt=0), so -1 is refused
     # there; 0.12.0 takes it unvalidated (SkipValidation) and SchedulerConfig refuses the
