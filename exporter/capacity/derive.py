@@ -380,6 +380,10 @@ def _assemble_result(r: _Resolved, built: _Groups, plan: _Plan) -> CapacityResul
     settings, groups = r.settings, built.groups
     release = settings.release
     per_request = _request_blocks(groups, plan.request_limits, r.release_rules)
+    if per_request == 0:  # 0.10 with --max-model-len -1: a request of -1 tokens, no block
+        error = UnsupportedConfiguration("division by zero")
+        error.vllm_error_type = "ZeroDivisionError"  # the release's concurrency step
+        raise error
     concurrency = plan.num_blocks / per_request
     tokens = capacity_tokens(plan.num_blocks, per_request, plan.max_model_len)
     logged = logged_tokens(
