@@ -77,8 +77,12 @@ def plan(planning: Any, vllm_config: Any, workers: list[dict[str, Any]], memory:
     if hasattr(planning, "get_kv_cache_configs"):  # 0.11 and later
         configs = planning.get_kv_cache_configs(vllm_config, workers, [memory] * len(workers))
         return planning.generate_scheduler_kv_cache_config(configs)
-    # 0.10: one config per worker, unified, and the first one is the scheduler's.
-    configs = [planning.get_kv_cache_config(vllm_config, specs, memory) for specs in workers]
+    # 0.10: one config per worker, unified, and the first one is the scheduler's. Each gets
+    # its own copy of the specs, as each worker's reply is its own: with the hybrid manager
+    # off, 0.10's get_kv_cache_config rewrites the dict it is given after its memory check
+    # (unify_hybrid_kv_cache_specs), which the next worker (and the next case planned on
+    # the same build) would otherwise see.
+    configs = [planning.get_kv_cache_config(vllm_config, dict(specs), memory) for specs in workers]
     planning.unify_kv_cache_configs(configs)
     return configs[0]
 

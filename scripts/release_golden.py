@@ -165,8 +165,31 @@ def _build_model(vllm_config: Any) -> None:
     import torch
     from vllm.model_executor.model_loader.utils import initialize_model
 
-    with torch.device("meta"), _model_dtype(vllm_config):
+    with torch.device("meta"), _model_dtype(vllm_config), _cuda_tensors_on_meta():
         initialize_model(vllm_config=vllm_config)
+
+
+def _cuda_tensors_on_meta() -> Any:
+    """On CUDA, a tensor a layer makes on the platform's device by name goes to meta like
+    the rest of the model (0.14's and 0.15's DeepSeek YaRN rotary embedding builds its
+    cos/sin cache with `device=current_platform.device_type`, "cuda", which this CPU torch
+    cannot make: "Torch not compiled with CUDA enabled"). No tensor's values are part of
+    the KV plan; a build that asks for no CUDA tensor is unchanged."""
+    if _PLATFORM[0] != "cuda":
+        return contextlib.nullcontext()
+    import torch
+
+    class CudaOnMeta(torch.overrides.TorchFunctionMode):  # type: ignore[misc]
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            kwargs = dict(kwargs or {})
+            device = kwargs.get("device")
+            if isinstance(device, (str, torch.device)) and torch.device(device).type == "cuda":
+                kwargs["device"] = "meta"
+            return func(*args, **kwargs)
+
+    return CudaOnMeta()
 
 
 def _model_dtype(vllm_config: Any) -> Any:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.capacity import families
+from exporter.capacity.config_refusals import refuse_minus_one
 from exporter.capacity.families import AttentionLayer, BuildContext, MambaLayer, ModelLayout
 from exporter.capacity.grouping import GroupLayer, KvCacheGroup, group_layers, unify_hybrid_specs
 from exporter.capacity.hf_config import HfConfig
@@ -122,6 +123,8 @@ class _Groups:
     kv_cache_dtype: str
     specs: list[tuple[AttentionLayer | MambaLayer, KvCacheSpec]]
     groups: list[KvCacheGroup]
+    # The layers as grouped: after the hybrid manager's switch-off, before page unification.
+    layers: list[GroupLayer]
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +158,7 @@ def derive_capacity(
     # each step raises what vLLM would refuse at that point.
     resolved = _resolve_settings(HfConfig(config), settings)
     built = _build_groups(resolved)
-    plan = _plan_blocks(resolved, built.groups, available_kv_bytes_per_worker, num_gpu_blocks)
+    plan = _plan_blocks(resolved, built, available_kv_bytes_per_worker, num_gpu_blocks)
     return _assemble_result(resolved, built, plan)
 
 
@@ -164,11 +167,18 @@ def _resolve_settings(hf: HfConfig, settings: EngineSettings) -> _Resolved:
     _check_parallel_sizes(hf, settings)
     release = settings.release
     rules = settings.platform_rules
+    if settings.auto_fit_max_model_len:
+        refuse_minus_one(
+            release.rules,
+            is_cpu=rules.is_cpu,
+            world_size=settings.world_size,
+            batched_tokens_given=settings.max_num_batched_tokens is not None,
+        )
     _check_platform_release(hf, rules, release.rules)
     settings = _platform_settings(hf, settings, rules)
 
     derived_len = hf.default_max_model_len()
-    max_model_len = _resolve_max_model_len(hf, settings)
+    max_model_len = _resolve_max_model_len(hf, settings, release.rules)
     layout, family_name, settings = _release_layout(hf, settings, release.rules)
     _check_engine(layout, rules, release.rules)
     return _Resolved(
@@ -259,23 +269,40 @@ def _build_groups(r: _Resolved) -> _Groups:
     layers = [GroupLayer(layer.name, layer.decoder_index, spec) for layer, spec in specs]
     if not r.hybrid_manager:
         layers = unify_hybrid_specs(layers)
-    groups = group_layers(layers, r.release_rules)
+    groups = group_layers(_worker_layers(r, layers, stage=0), r.release_rules)
     if not groups:
         raise CapacityError(f"{r.hf.architecture} has no KV cache (attention-free model)")
-    return _Groups(kv_cache_dtype=kv.name, specs=specs, groups=groups)
+    return _Groups(kv_cache_dtype=kv.name, specs=specs, groups=groups, layers=layers)
+
+
+def _worker_layers(r: _Resolved, layers: list[GroupLayer], stage: int) -> list[GroupLayer]:
+    """The layers vLLM groups: the whole model's, or (0.10) each worker's own, whose
+    get_kv_cache_config groups them; the scheduler takes worker 0's groups."""
+    pp = r.settings.pipeline_parallel_size
+    if not r.release_rules.groups_per_worker or pp == 1:
+        return layers
+    own = pipeline_stage_layers(r.layout.num_decoder_layers, pp)[stage]
+    return [layer for layer in layers if layer.decoder_index in own]
 
 
 def _plan_blocks(
     r: _Resolved,
-    groups: list[KvCacheGroup],
+    built: _Groups,
     available_kv_bytes_per_worker: int | None,
     num_gpu_blocks: int | None,
 ) -> _Plan:
     """Fit max_model_len (auto-fit or check) and count the blocks every worker can hold."""
-    settings = r.settings
+    settings, groups = r.settings, built.groups
     pp = settings.pipeline_parallel_size
     stages = pipeline_stage_layers(r.layout.num_decoder_layers, pp)
     stage_bytes = bytes_per_block_per_stage(groups, stages)
+    if r.release_rules.groups_per_worker and pp > 1:  # 0.10: each stage its own groups
+        stage_bytes = [
+            bytes_per_block_per_stage(
+                group_layers(_worker_layers(r, built.layers, s), r.release_rules), [stages[s]]
+            )[0]
+            for s in range(pp)
+        ]
     worker_bytes = [stage_bytes[s] for s in range(pp) for _ in range(settings.tensor_parallel_size)]
     # Batched tokens follow the configured length, before any auto-fit shortens it.
     batched_tokens = _batched_tokens(r.hf, settings, r.rules, r.max_model_len)
@@ -291,7 +318,10 @@ def _plan_blocks(
     # The groups the start-up check counts: every group, or (0.18) group 0's alone.
     checked = groups if r.release_rules.memory_check_all_groups else groups[:1]
 
-    def needed(bytes_per_block: int) -> Callable[[int], int]:
+    def needed(bytes_per_block: int, stage: range) -> Callable[[int], int]:
+        if r.release_rules.memory_check_layer_specs:  # 0.10 to 0.13: each layer's own spec
+            own = [spec for layer, spec in built.specs if layer.decoder_index in stage]
+            return lambda length: sum(spec.max_memory_usage_bytes(limits(length)) for spec in own)
         return lambda length: bytes_per_block * blocks_per_request(checked, limits(length))
 
     # A known block count stands for the memory it fills; workers with no layers hold
@@ -305,8 +335,12 @@ def _plan_blocks(
     fixed_blocks = sizing_override or num_gpu_blocks
     workers_measured = not fixed_blocks and available_kv_bytes_per_worker is not None
     workers = [
-        (bpb, fixed_blocks * bpb if fixed_blocks else available_kv_bytes_per_worker or 0)
-        for bpb in worker_bytes
+        (bpb, fixed_blocks * bpb if fixed_blocks else available_kv_bytes_per_worker or 0, stage)
+        for bpb, stage in zip(
+            worker_bytes,
+            [stage for stage in stages for _ in range(settings.tensor_parallel_size)],
+            strict=True,
+        )
         if bpb > 0
     ]
 
@@ -314,23 +348,23 @@ def _plan_blocks(
         return available - bpb if rules.null_block_reserved else available
 
     max_model_len = r.max_model_len
-    if settings.auto_fit_max_model_len:
+    if _auto_fit(r):
         max_model_len = min(
-            fit_max_model_len(needed(bpb), usable(bpb, available), r.derived_len)
-            for bpb, available in workers
+            fit_max_model_len(needed(bpb, stage), usable(bpb, available), r.derived_len)
+            for bpb, available, stage in workers
         )
         if max_model_len == 0:
             raise auto_fit_failure()
     # Before 0.20.1 the check used the measured memory, not the override's: unknown here.
     if not replacing_override or workers_measured:
-        for bpb, available in workers:
+        for bpb, available, stage in workers:
             check_fits(
                 max_model_len=max_model_len,
                 usable_bytes=usable(bpb, available),
-                needed_bytes=needed(bpb),
+                needed_bytes=needed(bpb, stage),
                 wording=rules.memory_check_wording,
             )
-    num_blocks = min(available // bpb for bpb, available in workers)
+    num_blocks = min(available // bpb for bpb, available, _ in workers)
     return _Plan(
         stages=stages,
         worker_bytes=worker_bytes,
@@ -346,6 +380,10 @@ def _assemble_result(r: _Resolved, built: _Groups, plan: _Plan) -> CapacityResul
     settings, groups = r.settings, built.groups
     release = settings.release
     per_request = _request_blocks(groups, plan.request_limits, r.release_rules)
+    if per_request == 0:  # 0.10 with --max-model-len -1: a request of -1 tokens, no block
+        error = UnsupportedConfiguration("division by zero")
+        error.vllm_error_type = "ZeroDivisionError"  # the release's concurrency step
+        raise error
     concurrency = plan.num_blocks / per_request
     tokens = capacity_tokens(plan.num_blocks, per_request, plan.max_model_len)
     logged = logged_tokens(
@@ -366,7 +404,7 @@ def _assemble_result(r: _Resolved, built: _Groups, plan: _Plan) -> CapacityResul
             kv_cache_size_tokens=tokens,
             kv_cache_max_concurrency=concurrency,
             num_gpu_blocks=plan.num_blocks,
-            block_size=_scheduler_block_size(groups, r.mode),
+            block_size=_scheduler_block_size(groups, r.mode, every_group=plan.max_model_len < 0),
             max_model_len=plan.max_model_len,
             cache_dtype=built.kv_cache_dtype,
             groups=tuple(
@@ -377,9 +415,7 @@ def _assemble_result(r: _Resolved, built: _Groups, plan: _Plan) -> CapacityResul
             approximate=r.layout.approximate or release.approximate,
         ),
         effective_attention_block_size=_effective_attention_block_size(groups, settings),
-        max_model_len_before_planning=(
-            r.derived_len if settings.auto_fit_max_model_len else plan.max_model_len
-        ),
+        max_model_len_before_planning=(r.derived_len if _auto_fit(r) else plan.max_model_len),
         max_num_batched_tokens=plan.batched_tokens,
         vllm_version=release.version,
         log_lines=log_lines(
@@ -388,6 +424,7 @@ def _assemble_result(r: _Resolved, built: _Groups, plan: _Plan) -> CapacityResul
             tokens=logged,
             max_model_len=plan.max_model_len,
             concurrency=concurrency,
+            workers=settings.world_size,
         ),
         logged_kv_cache_size_tokens=logged,
         log_note=GROUP_UNAWARE_NOTE if logged != tokens else None,
@@ -482,8 +519,16 @@ def _check_parallel_sizes(hf: HfConfig, settings: EngineSettings) -> None:
         )
 
 
-def _resolve_max_model_len(hf: HfConfig, settings: EngineSettings) -> int:
+def _auto_fit(r: _Resolved) -> bool:
+    """`--max-model-len -1` on a release that fits the length to the KV memory (0.14 on)."""
+    fits = r.release_rules.max_model_len_minus_one == "auto_fit"
+    return fits and r.settings.auto_fit_max_model_len
+
+
+def _resolve_max_model_len(hf: HfConfig, settings: EngineSettings, release: RuleSet) -> int:
     requested = settings.max_model_len
+    if requested == -1 and release.max_model_len_minus_one == "planned_as_length":
+        return -1  # 0.10 plans with it as it is (config_refusals)
     if requested is None or requested == -1:
         return hf.default_max_model_len()
     if not hf.allows_max_model_len(requested):
@@ -539,12 +584,16 @@ def _describe(
     )
 
 
-def _scheduler_block_size(groups: list[KvCacheGroup], mode: MambaCacheMode) -> int:
-    """The smallest block size among prefix-cacheable groups (cache_config.block_size)."""
+def _scheduler_block_size(
+    groups: list[KvCacheGroup], mode: MambaCacheMode, *, every_group: bool = False
+) -> int:
+    """The smallest block size among prefix-cacheable groups (cache_config.block_size);
+    `every_group`: 0.10 planning --max-model-len -1, whose Mamba block of -1 tokens is the
+    smallest."""
     sizes = [
         g.spec.block_size
         for g in groups
-        if not isinstance(g.spec, MambaSpec) or mode in ("align", "all")
+        if every_group or not isinstance(g.spec, MambaSpec) or mode in ("align", "all")
     ]
     return min(sizes) if sizes else groups[0].spec.block_size
 

@@ -29,12 +29,21 @@ def logged_tokens(
 
 
 def log_lines(
-    rules: RuleSet, *, platform: str, tokens: int, max_model_len: int, concurrency: float
+    rules: RuleSet,
+    *,
+    platform: str,
+    tokens: int,
+    max_model_len: int,
+    concurrency: float,
+    workers: int = 1,
 ) -> tuple[str, ...]:
-    """The line(s) the release prints, as it formats them."""
+    """The line(s) the release prints, as it formats them; `workers`: the engine's TP x PP
+    (releases that log the concurrency once per worker)."""
     device = platform_rules(platform).log_device if rules.log_names_device else "GPU"
     size = f"{device} KV cache size: {tokens:,} tokens"
     maximum = f"Maximum concurrency for {max_model_len:,} tokens per request: {concurrency:.2f}x"
     if rules.log_one_line:
         return (f"{size}, {maximum}",)
-    return (size, maximum)
+    if rules.log_per_worker == "both_per_worker":
+        return (size, maximum) * workers
+    return (size, *[maximum] * (workers if rules.log_per_worker == "concurrency_per_worker" else 1))

@@ -47,8 +47,10 @@ def blocks_per_request(groups: Sequence[KvCacheGroup], limits: RequestLimits) ->
     return sum(group.blocks_per_request(limits) for group in groups)
 
 
-def _gib(num_bytes: int) -> str:
-    # vLLM prints str(round(bytes / GiB, 2)): "16.0", "10.72".
+def _gib(num_bytes: int, wording: MemoryCheckWording) -> str:
+    # vLLM prints str(round(bytes / GiB, 2)): "16.0", "10.72"; before 0.14 f"{...:.2f}".
+    if wording in ("two_decimals_no_link", "two_decimals"):
+        return f"{num_bytes / 2**30:.2f}"
     return str(round(num_bytes / 2**30, 2))
 
 
@@ -75,6 +77,7 @@ def check_fits(
 ) -> None:
     """vLLM's startup check on one worker, on the bytes its release counts as usable."""
     notes_cpu_backend = wording == "cpu_note"  # the wording from vLLM 0.22 on
+    docs = "" if wording == "two_decimals_no_link" else f" {_DOCS}"  # 0.13 on: the link
     if usable_bytes <= 0:
         flag_note = (
             " (this flag also controls CPU memory reservation on the CPU backend, despite its name)"
@@ -83,7 +86,7 @@ def check_fits(
         )
         raise DoesNotFit(
             "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
-            f"when initializing the engine{flag_note}. {_DOCS}",
+            f"when initializing the engine{flag_note}.{docs}",
             available_bytes=usable_bytes,
         )
     needed = needed_bytes(max_model_len)
@@ -95,13 +98,16 @@ def check_fits(
         if estimate > 0
         else ""
     )
+    if wording in ("two_decimals_no_link", "two_decimals") and not hint:
+        hint = " "  # before 0.14 the message keeps the space after the missing estimate
     whose = "model's" if notes_cpu_backend else "models's"
     cpu_note = " (which also controls CPU memory on the CPU backend)" if notes_cpu_backend else ""
     raise DoesNotFit(
         f"To serve at least one request with the {whose} max seq len ({max_model_len}), "
-        f"({_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache "
-        f"memory ({_gib(usable_bytes)} GiB). {hint}Try increasing `gpu_memory_utilization`"
-        f"{cpu_note} or decreasing `max_model_len` when initializing the engine. {_DOCS}",
+        f"({_gib(needed, wording)} GiB KV cache is needed, which is larger than the available "
+        f"KV cache memory ({_gib(usable_bytes, wording)} GiB). {hint}Try increasing "
+        f"`gpu_memory_utilization`{cpu_note} or decreasing `max_model_len` when initializing "
+        f"the engine.{docs}",
         max_model_len=max_model_len,
         needed_bytes=needed,
         available_bytes=usable_bytes,

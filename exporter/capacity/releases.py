@@ -47,9 +47,25 @@ CpuHybridBlock = Literal["aligned", "reset_to_default", "unaligned"]
 # ("backend").
 CudaMlaBlock = Literal["flashmla_64", "flashmla_multiple_64", "backend"]
 # The wording of the start-up memory check's refusals: "the models's max seq len" and
-# `gpu_memory_utilization` alone ("models_s"), or "the model's" with the note that the flag
-# also sizes CPU memory on the CPU backend ("cpu_note").
-MemoryCheckWording = Literal["models_s", "cpu_note"]
+# `gpu_memory_utilization` alone, the GiB figures with two decimals ("16.00 GiB") and no
+# link to the docs ("two_decimals_no_link"), then with it ("two_decimals"), then as Python
+# rounds them ("16.0 GiB", "models_s"); or "the model's" with the note that the flag also
+# sizes CPU memory on the CPU backend ("cpu_note").
+MemoryCheckWording = Literal["two_decimals_no_link", "two_decimals", "models_s", "cpu_note"]
+# `--max-model-len -1`: the release fits the longest length the KV memory holds
+# ("auto_fit"); or refuses it while it makes the engine config: ModelConfig's
+# `max_model_len > 0` ("model_config_refuses"), or, before that check, SchedulerConfig's
+# defaults derived from -1 (max_num_seqs x -1 batched tokens, "scheduler_refuses"); or
+# plans with -1 as the length ("planned_as_length": a full-attention request needs 0 blocks,
+# so the concurrency divides by zero unless a sliding or Mamba layer needs one).
+MaxModelLenMinusOne = Literal[
+    "auto_fit", "model_config_refuses", "scheduler_refuses", "planned_as_length"
+]
+# Who logs the capacity lines: the engine once ("engine"); every worker its
+# "Maximum concurrency ..." line after one "GPU KV cache size" line ("concurrency_per_worker");
+# or every worker both lines, each with its own figures before the configs are unified
+# ("both_per_worker").
+LogPerWorker = Literal["engine", "concurrency_per_worker", "both_per_worker"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,7 +147,19 @@ class RuleSet:
     # 0.14 to 0.18 count group 0's alone (x the group size), so a hybrid fits where it does
     # not. (0.10 to 0.13 sum every layer's bytes, unpadded; kvcap counts the groups.)
     memory_check_all_groups: bool
+    # The memory check sums every layer's own spec (check_enough_kv_cache_memory, 0.10 to
+    # 0.13): before the hybrid manager's switch-off turns sliding and chunked layers into
+    # full attention and before pages are unified, so no padding is counted.
+    memory_check_layer_specs: bool
+    # Each worker groups its own layers (0.10: get_kv_cache_config per worker; with PP the
+    # stages' groups differ); from 0.11 the whole model's layers are grouped once.
+    groups_per_worker: bool
     memory_check_wording: MemoryCheckWording
+    max_model_len_minus_one: MaxModelLenMinusOne
+    # Nemotron-H's SSM state dtype is the config's `mamba_ssm_cache_dtype` (before: the
+    # model dtype, as for other Mamba2 models, unless --mamba-ssm-cache-dtype says).
+    nemotron_h_config_ssm_dtype: bool
+    log_per_worker: LogPerWorker
 
     @property
     def name(self) -> str:
@@ -173,7 +201,12 @@ _FIRST = RuleSet(
     override_sizes_memory=False,
     null_block_reserved=False,
     memory_check_all_groups=True,
-    memory_check_wording="models_s",
+    memory_check_layer_specs=True,
+    groups_per_worker=True,
+    memory_check_wording="two_decimals_no_link",
+    max_model_len_minus_one="planned_as_length",
+    nemotron_h_config_ssm_dtype=False,
+    log_per_worker="both_per_worker",
 )
 
 
@@ -211,12 +244,21 @@ _CHANGES: tuple[_Change, ...] = (
     # sorted by spec when unified. CUDA: FlashMLA's block is forced only when --block-size
     # is not a multiple of 64 (platforms/cuda.py `% 64` in 0.11.1; 0.10.2: `!= 64`). MLA
     # layers get their own spec class (v1/kv_cache_interface.py MLAAttentionSpec, 0.11.1).
+    # The EngineCore logs "GPU KV cache size" once (info_once) and the concurrency per
+    # worker, and EngineArgs derives the batch defaults from max_model_len, so
+    # SchedulerConfig refuses -1 (_report_kv_cache_config, _set_default_args, 0.11.2; 0.10.2
+    # logged both lines in each worker's get_kv_cache_config; PR not identified).
     _change(
         (0, 11, 0),
         ("#25101", "#23974", "#25752"),
         source="v1/core/kv_cache_utils.py get_kv_cache_groups, get_kv_cache_configs; "
         "v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes, MLAAttentionSpec; "
-        "platforms/cuda.py CudaPlatform.check_and_update_config (0.11.1; its PR not identified)",
+        "platforms/cuda.py CudaPlatform.check_and_update_config (0.11.1; its PR not "
+        "identified); v1/core/kv_cache_utils.py _report_kv_cache_config, "
+        "engine/arg_utils.py _set_default_args (0.11.2)",
+        log_per_worker="concurrency_per_worker",
+        max_model_len_minus_one="scheduler_refuses",
+        groups_per_worker=False,
         cpu_sliding_window_v0=False,
         uniform_type_group=True,
         strided_groups=True,
@@ -227,25 +269,50 @@ _CHANGES: tuple[_Change, ...] = (
         mla_spec_type="MLAAttentionSpec",
     ),
     # Unequal pages unified by scaling block sizes (#29143); a bucket within 1.25x of the
-    # smallest sets the group size (#29303).
+    # smallest sets the group size (#29303). _report_kv_cache_config logs "Maximum
+    # concurrency ..." with info_once: once per engine, not once per worker (0.11.2:
+    # logger.info; that change's PR not identified).
     _change(
         (0, 12, 0),
         ("#29143", "#29303"),
         source="v1/core/kv_cache_utils.py unify_kv_cache_spec_page_size, "
-        "_get_kv_cache_groups_uniform_page_size",
+        "_get_kv_cache_groups_uniform_page_size, _report_kv_cache_config (0.12.0)",
         page_size_unification=True,
         group_size_ratio=1.25,
+        log_per_worker="engine",
     ),
-    # The chunked-local hybrid default flips to on (envs.py: "1"). The memory check counts
-    # group 0's blocks alone (_max_memory_usage_bytes_from_groups, new in 0.14).
+    # ModelConfig validates `max_model_len > 0` (pydantic Field gt=0), so -1 is refused
+    # there; 0.12.0 takes it unvalidated (SkipValidation) and SchedulerConfig refuses the
+    # batch defaults derived from it. The memory check's messages link the docs on
+    # conserving memory (PRs of these not identified). Nemotron-H's SSM state takes the
+    # config's `mamba_ssm_cache_dtype` (#29978: NemotronHForCausalLMConfig; before: the
+    # model dtype).
+    _change(
+        (0, 13, 0),
+        ("#29978",),
+        source="config/model.py ModelConfig.max_model_len; v1/core/kv_cache_utils.py "
+        "check_enough_kv_cache_memory; model_executor/models/config.py "
+        "NemotronHForCausalLMConfig (0.13.0)",
+        max_model_len_minus_one="model_config_refuses",
+        memory_check_wording="two_decimals",
+        nemotron_h_config_ssm_dtype=True,
+    ),
+    # The chunked-local hybrid default flips to on (envs.py: "1"). `--max-model-len -1`
+    # (or auto) fits the longest length the KV memory holds (#29431: _auto_fit_max_model_len),
+    # and the memory check and the fit count the KV cache groups, group 0's blocks alone
+    # (_max_memory_usage_bytes_from_groups; 0.13.0's check_enough_kv_cache_memory summed
+    # every layer's own spec), the GiB figures as Python rounds them.
     _change(
         (0, 14, 0),
-        ("#29627",),
+        ("#29627", "#29431"),
         source="envs.py VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE; "
-        "v1/core/kv_cache_utils.py _max_memory_usage_bytes_from_groups (0.14.1; 0.13.0 has "
-        "check_enough_kv_cache_memory; its PR not identified)",
+        "v1/core/kv_cache_utils.py _auto_fit_max_model_len, "
+        "_max_memory_usage_bytes_from_groups, _check_enough_kv_cache_memory (0.14.1)",
         chunked_local_hybrid_off=False,
         memory_check_all_groups=False,
+        memory_check_layer_specs=False,
+        memory_check_wording="models_s",
+        max_model_len_minus_one="auto_fit",
     ),
     # --mamba-cache-mode none / align / all decides Mamba pages per request (#30877).
     _change(

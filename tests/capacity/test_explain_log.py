@@ -34,8 +34,10 @@ def _records() -> list[tuple[str, dict[str, Any]]]:
         for line in path.read_text(encoding="utf-8").splitlines():
             record = json.loads(line)
             # Environment variables are not in vLLM's non-default args line: those cases
-            # cannot be told from a log.
-            if "result" in record and not record["settings"].get("env"):
+            # cannot be told from a log. vLLM 0.10 planned `--max-model-len -1` as a length
+            # of -1 tokens ("Maximum concurrency for -1 tokens"): no log to explain.
+            planned = "result" in record and record["result"]["max_model_len"] > 0
+            if planned and not record["settings"].get("env"):
                 found.append((path.stem, record))
     return found
 

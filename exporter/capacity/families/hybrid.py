@@ -165,8 +165,12 @@ def nemotron_h(hf: HfConfig, ctx: BuildContext) -> ModelLayout:
             "config.json `hybrid_override_pattern` must have one character per layer "
             f"({hf.num_hidden_layers})"
         )
-    # Nemotron-H keeps its SSM state in float32 unless the config or flag says otherwise.
-    ssm_dtype = ctx.ssm_dtype(hf.optional_str("mamba_ssm_cache_dtype") or "float32")
+    # Nemotron-H keeps its SSM state in float32 unless the config or flag says otherwise
+    # (from vLLM 0.13; before, the model dtype as for other Mamba2 models).
+    from_config = ctx.settings.release.rules.nemotron_h_config_ssm_dtype
+    ssm_dtype = ctx.ssm_dtype(
+        (hf.optional_str("mamba_ssm_cache_dtype") or "float32") if from_config else None
+    )
     n_heads, head_dim = hf.positive_int("mamba_num_heads"), hf.positive_int("mamba_head_dim")
     layers: list[CacheLayer] = []
     for i, kind in enumerate(kinds):
