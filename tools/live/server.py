@@ -32,9 +32,11 @@ PROJECT = Path(__file__).resolve().parents[2]
 # Start-up on 2 busy cores: imports, the dummy weights, the KV cache, the API server.
 START_TIMEOUT_S = float(os.environ.get("KVCAP_LIVE_START_TIMEOUT", "420"))
 KV_CACHE_GIB = 1
-# Where POSIX shared memory lives; a segment younger than this may not be mapped yet.
+# Where POSIX shared memory lives; a segment younger than this may be another server's,
+# made and not yet mapped (microseconds apart; an engine that fails its start made its
+# own seconds before it exits).
 SHARED_MEMORY = Path("/dev/shm")
-_YOUNG_SEGMENT_S = 5.0
+_YOUNG_SEGMENT_S = 1.0
 
 # vLLM's start-up capacity line(s): one combined line from 0.28 on, two lines before; the
 # CPU backend says "CPU KV cache size" on recent releases.
@@ -134,6 +136,8 @@ class VllmServer(LoggedProcess):
     def start(self) -> None:
         """Start and wait until healthy; one more try when vLLM exits while starting (a DP
         engine core can fail its start-up on a busy machine), with both logs kept."""
+        # Taken once: a failed first try's segments are this server's to remove too.
+        self._shared_memory_before = shared_memory_segments()
         try:
             self._start_once()
         except VllmExited as exited:
@@ -146,7 +150,6 @@ class VllmServer(LoggedProcess):
 
     def _start_once(self) -> None:
         self.ipc_dir.mkdir(mode=0o700, exist_ok=True)
-        self._shared_memory_before = shared_memory_segments()
         # Not from the checkout: `python -m` puts the working directory first on the path,
         # and the checkout's `exporter/` and `.egg-info` would stand in for the plugin the
         # test installed.
