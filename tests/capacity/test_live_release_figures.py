@@ -200,12 +200,13 @@ def test_0_28_refuses_mla_as_its_live_engine_did(platform: str, tmp_path: Path) 
 # conv1d weights for a kernel that takes width 4 only, on AMX hosts from 0.22 and on every
 # AVX-512 BF16 host from 0.29; 0.32.0 packs width-4 convs only and starts them (LOGGED).
 CONV_WIDTH_2 = ("nemotron_h.n_groups=2", "jamba.mamba_d_state=32")
+CONV_PACKED_LIVE = ("0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0")
 
 
 @pytest.mark.parametrize("name", CONV_WIDTH_2)
 @pytest.mark.parametrize(
     ("release", "platform"),
-    [("0.27.1", "cpu-amx"), ("0.30.0", "cpu-amx"), ("0.30.0", "cpu"), ("0.31.0", "cpu-amx")],
+    [*((r, "cpu-amx") for r in CONV_PACKED_LIVE), ("0.30.0", "cpu")],
 )
 def test_a_conv_width_the_packed_kernel_lacks_is_refused_as_live_engines_were(
     release: str, platform: str, name: str, tmp_path: Path
