@@ -158,9 +158,17 @@ def _listening_port(words: list[str]) -> int | None:
     return int(port) if port is not None and port.isdigit() else None
 
 
+def _folder_of(entry: Path, path: str) -> tuple[Path, bool]:
+    """The folder a path a process names starts from, seen from here, and whether that
+    folder is the process's root: an absolute path's is its root, a relative one's its
+    working folder."""
+    return (entry / "root", True) if path.startswith("/") else (entry / "cwd", False)
+
+
 def _path_in(entry: Path, path: str) -> Path:
     """Where a path a process names is, seen from here: under its root or its folder."""
-    return entry / "root" / path.lstrip("/") if path.startswith("/") else entry / "cwd" / path
+    folder, _ = _folder_of(entry, path)
+    return folder / path.lstrip("/")
 
 
 def _process_file_reader(entry: Path) -> Callable[[str], str]:
@@ -168,9 +176,8 @@ def _process_file_reader(entry: Path) -> Callable[[str], str]:
     root, a relative one beneath its working folder (bounded_files.read_file_within)."""
 
     def read(path: str) -> str:
-        if path.startswith("/"):
-            return read_vllm_config_within(entry / "root", path, as_root=True)
-        return read_vllm_config_within(entry / "cwd", path, as_root=False)
+        folder, as_root = _folder_of(entry, path)
+        return read_vllm_config_within(folder, path, as_root=as_root)
 
     return read
 
