@@ -6,7 +6,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from exporter.collectors.registry import check_engine_windows, check_max_engines
+from exporter.collectors.registry import (
+    DEFAULT_FORGET_AFTER_S,
+    DEFAULT_MAX_ENGINES,
+    check_engine_windows,
+    check_max_engines,
+)
 from exporter.flags import (
     FieldFlag,
     FlagGroup,
@@ -21,13 +26,6 @@ DEFAULT_ENDPOINT = "ipc:///tmp/kvcap/handshake.sock"
 # One lost or late heartbeat is not a dead engine, three in a row are (the default stale
 # window, in heartbeat intervals of the engine).
 STALE_AFTER_HEARTBEATS = 3
-# Ten minutes: past KvcapEngineStale's `for: 5m` (so the alert fires and is seen) and past
-# a vLLM restart of a large model (which returns under the same engine index), yet short
-# enough that a dead engine's capacity leaves `sum by` within a few Prometheus windows.
-DEFAULT_FORGET_AFTER_S = 600.0
-# Data-parallel engines per pod are tens; 256 leaves room and bounds the series (issue 25:
-# 1,024 forged engines of 256 groups each passed 1.5 GiB).
-DEFAULT_MAX_ENGINES = 256
 # One engine heartbeating at the plugin's shortest interval (50 ms) sends 20 a second.
 DEFAULT_MAX_RATE_PER_ENGINE = 20.0
 # vLLM makes a few KV cache groups per model (8 at most among the recorded ones: Gemma 3,

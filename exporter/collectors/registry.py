@@ -66,6 +66,14 @@ COLLECTORS: dict[str, CollectorSpec] = {}
 
 # The most engines one target may hold (a --<collector>.max-engines flag's range).
 MAX_ENGINES_LIMIT = 65536
+# The engine collectors' defaults (--handshake.*, --vllm.*). Ten minutes of forget window:
+# past KvcapEngineStale's `for: 5m` (so the alert fires and is seen) and past a vLLM restart
+# of a large model (which returns under the same engine index), yet short enough that a dead
+# engine's capacity leaves `sum by` within a few Prometheus windows.
+DEFAULT_FORGET_AFTER_S = 600.0
+# Data-parallel engines per pod are tens; 256 leaves room and bounds the series (issue 25:
+# 1,024 forged engines of 256 groups each passed 1.5 GiB).
+DEFAULT_MAX_ENGINES = 256
 
 
 def register_collector(spec: CollectorSpec) -> CollectorSpec:

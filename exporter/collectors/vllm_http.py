@@ -21,6 +21,8 @@ from exporter.collectors.http_fetch import Fetcher, FetchError, fetch
 from exporter.collectors.kv_events_endpoints import endpoints_from_sources
 from exporter.collectors.parsing import MalformedExposition, VllmServeArgs, parse_vllm_serve_args
 from exporter.collectors.registry import (
+    DEFAULT_FORGET_AFTER_S,
+    DEFAULT_MAX_ENGINES,
     CollectorSpec,
     check_engine_windows,
     check_max_engines,
@@ -56,11 +58,6 @@ from exporter.state import StateSink
 log = structlog.get_logger("kvcap.vllm_http")
 
 NAME = "vllm_http"
-# As --handshake.forget-after, and for the same reasons (exporter/collectors/handshake.py).
-DEFAULT_FORGET_AFTER_S = 600.0
-# Engines one API server may show when neither --vllm.max-engines nor the server's
-# --data-parallel-size says: past any real deployment, far below what a hostile body holds.
-DEFAULT_MAX_ENGINES = 256
 # The log event of each kind of warning a read gives; any other is "capacity_not_derived".
 _WARNING_EVENTS = {
     "blocks_approximate": "blocks_approximate",
@@ -258,7 +255,8 @@ class ServerPoller:
     def max_engines(self, args: VllmServeArgs | None) -> int:
         """--vllm.max-engines, else the --data-parallel-size of --vllm.args, else 256.
 
-        Not the size of a command line found in /proc: that may be another process's.
+        Not the size of a command line found in /proc: that may be another process's. The
+        256 is past any real deployment, far below what a hostile body holds.
         """
         if self.settings.max_engines is not None:
             return self.settings.max_engines
