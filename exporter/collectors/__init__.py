@@ -49,11 +49,7 @@ if TYPE_CHECKING:
         expected_engines,
         server_mismatches,
     )
-    from exporter.collectors.vllm_http import (
-        ServerPoller,
-        VllmHttpCollector,
-        VllmHttpSettings,
-    )
+    from exporter.collectors.vllm_http import ServerPoller, VllmHttpCollector
     from exporter.collectors.vllm_http_reports import (
         VERSION_UNKNOWN,
         Deriver,
@@ -63,6 +59,7 @@ if TYPE_CHECKING:
         choose_platform,
         read_server,
     )
+    from exporter.collectors.vllm_http_settings import VllmHttpSettings
     from exporter.collectors.vllm_processes import discover_serve_args
 
 
@@ -99,11 +96,7 @@ _NAMES: dict[str, tuple[str, ...]] = {
         "expected_engines",
         "server_mismatches",
     ),
-    "exporter.collectors.vllm_http": (
-        "ServerPoller",
-        "VllmHttpCollector",
-        "VllmHttpSettings",
-    ),
+    "exporter.collectors.vllm_http": ("ServerPoller", "VllmHttpCollector"),
     "exporter.collectors.vllm_http_reports": (
         "VERSION_UNKNOWN",
         "Deriver",
@@ -113,6 +106,7 @@ _NAMES: dict[str, tuple[str, ...]] = {
         "choose_platform",
         "read_server",
     ),
+    "exporter.collectors.vllm_http_settings": ("VllmHttpSettings",),
     "exporter.collectors.vllm_processes": ("discover_serve_args",),
 }
 # Every collector loads with the first name: importing one registers only that one.

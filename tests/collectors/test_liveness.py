@@ -19,7 +19,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from exporter.cli import CommandLineParser
-from exporter.collectors import HandshakeCollector, HandshakeSettings, fetch, vllm_http
+from exporter.collectors import (
+    HandshakeCollector,
+    HandshakeSettings,
+    fetch,
+    vllm_http,
+    vllm_http_settings,
+)
 from exporter.collectors.handshake_settings import add_arguments, settings_from_args
 from exporter.errors import ConfigError
 from exporter.exposition import build_exposition
@@ -271,7 +277,7 @@ def test_handshake_liveness_flags() -> None:
 
 def vllm_args(*flags: str) -> argparse.Namespace:
     parser = CommandLineParser()
-    vllm_http._add_arguments(Flags(parser).group("vllm_http"))
+    vllm_http_settings.add_arguments(Flags(parser).group("vllm_http"))
     return parser.parse_args(["--vllm.url=http://127.0.0.1:1", *flags])
 
 

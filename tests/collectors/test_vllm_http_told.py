@@ -20,6 +20,7 @@ from exporter.collectors import (
     discover_serve_args,
     fetch,
     vllm_http,
+    vllm_http_settings,
     vllm_processes,
 )
 from exporter.collectors.parsing import parse_vllm_serve_args
@@ -36,7 +37,7 @@ COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
 
 def built(*flags: str) -> VllmHttpSettings:
     parser = CommandLineParser()
-    vllm_http._add_arguments(Flags(parser).group("vllm_http"))
+    vllm_http_settings.add_arguments(Flags(parser).group("vllm_http"))
     collector = vllm_http._build(parser.parse_args(["--vllm.url=http://127.0.0.1:1", *flags]))
     assert collector is not None
     return collector.settings
