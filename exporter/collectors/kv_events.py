@@ -29,12 +29,16 @@ from typing import Any
 import zmq
 
 from exporter.collectors.kv_events_book import EngineHint, ResidencyBook, engine_hints
-from exporter.collectors.kv_events_endpoints import parse_endpoint_flag
 from exporter.collectors.kv_events_log import LimitedLog
-from exporter.collectors.kv_events_settings import LOGGER, NAME, KvEventsSettings
+from exporter.collectors.kv_events_settings import (
+    LOGGER,
+    NAME,
+    KvEventsSettings,
+    add_arguments,
+    settings_from_args,
+)
 from exporter.collectors.kv_events_subscription import ReplaySlots, Subscription
 from exporter.collectors.registry import CollectorSpec, register_collector
-from exporter.flags import FieldFlag, FlagGroup, field_values, positive_int, size
 from exporter.state import KvEventsEndpoint, Snapshot, StateSink
 
 _POLL_MS = 200
@@ -254,102 +258,9 @@ class KvEventsCollector:
         return True
 
 
-# In help order after --kv-events.endpoint (a list, parsed apart).
-_FLAGS = (
-    FieldFlag(
-        "--kv-events.discover",
-        "discover",
-        "also subscribe to the endpoints vLLM reports (/kv_event_sources, handshake)",
-        switch=True,
-    ),
-    FieldFlag(
-        "--kv-events.max-message-size",
-        "max_message_bytes",
-        "largest accepted event batch (libzmq drops a publisher that sends a bigger "
-        "one; kvcap subscribes again after a back-off)",
-        metavar="SIZE",
-        type=size,
-        default_text="16MiB",
-    ),
-    FieldFlag(
-        "--kv-events.max-stream-rate",
-        "max_stream_bytes_per_s",
-        "most bytes of batches applied per second and stream; past it batches are let "
-        "go undecoded and the gap is replayed or counted",
-        metavar="SIZE",
-        type=size,
-        default_text="8MiB",
-    ),
-    FieldFlag(
-        "--kv-events.max-blocks",
-        "max_blocks",
-        "most blocks tracked per engine, all groups and media together, while its pool "
-        "size (num_gpu_blocks) is unknown; once known, each medium holds at most its pool",
-        metavar="BLOCKS",
-        type=positive_int,
-    ),
-    FieldFlag(
-        "--kv-events.max-groups",
-        "max_groups",
-        "most KV cache groups tracked per engine (each group and medium is ~20 series)",
-        metavar="GROUPS",
-        type=positive_int,
-    ),
-    FieldFlag(
-        "--kv-events.max-batch-events",
-        "max_batch_events",
-        "most events in one batch (refused at the batch's header, before decoding)",
-        metavar="EVENTS",
-        type=positive_int,
-    ),
-    FieldFlag(
-        "--kv-events.max-batch-hashes",
-        "max_batch_hashes",
-        "most block hashes in one batch, all its events together",
-        metavar="HASHES",
-        type=positive_int,
-    ),
-    FieldFlag(
-        "--kv-events.max-subscriptions",
-        "max_subscriptions",
-        "most KV event publishers followed at once (each takes 4 to 6 file descriptors)",
-        metavar="STREAMS",
-        type=positive_int,
-    ),
-    FieldFlag(
-        "--kv-events.max-replays",
-        "max_replays",
-        "most replay requests outstanding at once; past it a gap counts as missed",
-        metavar="REPLAYS",
-        type=positive_int,
-    ),
-)
-
-
-def _add_arguments(group: FlagGroup) -> None:
-    group.add(
-        "--kv-events.endpoint",
-        repeatable=True,
-        default=[],
-        metavar="[ENGINE=]ENDPOINT[+REPLAY]",
-        help="a vLLM KV event publisher to subscribe to (repeatable; comma-separated in the "
-        "environment), e.g. 0=tcp://127.0.0.1:5557+tcp://127.0.0.1:5558; vLLM must bind it "
-        "(tcp://*:PORT)",
-    )
-    group.add_fields(_FLAGS, KvEventsSettings())
-
-
 def _build(args: argparse.Namespace) -> KvEventsCollector | None:
-    endpoints = tuple(parse_endpoint_flag(value) for value in args.kv_events_endpoint)
-    fields = field_values(args, _FLAGS)
-    discover = fields["discover"] and bool(
-        getattr(args, "vllm_url", None) or getattr(args, "collector_handshake", False)
-    )
-    if not endpoints and not discover:
-        return None
-    # positive_int flags (and their twins) are 1 or more; a SIZE may be 0.
-    fields["max_stream_bytes_per_s"] = max(1, fields["max_stream_bytes_per_s"])
-    return KvEventsCollector(KvEventsSettings(endpoints=endpoints, **fields))
+    settings = settings_from_args(args)
+    return KvEventsCollector(settings) if settings is not None else None
 
 
 register_collector(
@@ -357,7 +268,7 @@ register_collector(
         name=NAME,
         help="subscribe to vLLM's KV events: prefix-cache residency per engine and group",
         default_enabled=True,
-        add_arguments=_add_arguments,
+        add_arguments=add_arguments,
         build=_build,
     )
 )
