@@ -4,6 +4,7 @@ files only, size-capped, within a deadline, and YAML without alias expansion.
     read_regular_file(path, max_bytes=MAX_MODEL_CONFIG_BYTES) -> bytes
     read_vllm_config(path) -> str  # a `--config` YAML's text, within MAX_VLLM_CONFIG_BYTES
     read_vllm_config_within(folder, path, as_root=True) -> str  # resolved inside `folder`
+    stat_within(folder, path, as_root=True) -> os.stat_result  # of the file that reads
     load_yaml(text) -> Any        # refuses aliases, nesting past 32, more than 10,000 nodes
 
 Every refusal is a `FileRefused` (a ConfigError) whose `reason` is the
@@ -93,16 +94,11 @@ def read_file_within(
     files as the other process's. Where the kernel has no openat2 (before 5.6, or a seccomp
     profile without it), the path is followed plainly, as before it existed.
     """
-    directory = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        resolve = _RESOLVE_IN_ROOT if as_root else _RESOLVE_BENEATH
-        located = _openat2(directory, path, os.O_PATH | os.O_CLOEXEC, resolve)
-    except _NoOpenat2:
+    located = _locate_within(folder, path, as_root=as_root)
+    if located is None:
         return read_regular_file(
             folder / path.lstrip("/"), max_bytes=max_bytes, deadline_s=deadline_s
         )
-    finally:
-        os.close(directory)
     try:
         # An O_PATH descriptor opens nothing: a FIFO or a device is refused unopened.
         _refuse_unless_regular(os.fstat(located).st_mode)
@@ -110,6 +106,32 @@ def read_file_within(
     finally:
         os.close(located)
     return _read_opened(descriptor, max_bytes, deadline_s)
+
+
+def stat_within(folder: Path, path: str, *, as_root: bool) -> os.stat_result:
+    """What os.stat says of `path` resolved inside `folder` as read_file_within resolves it,
+    so that a file's version is the version of the file read. Raises OSError, ValueError
+    (a NUL byte) as os.stat does."""
+    located = _locate_within(folder, path, as_root=as_root)
+    if located is None:
+        return os.stat(folder / path.lstrip("/"))
+    try:
+        return os.fstat(located)
+    finally:
+        os.close(located)
+
+
+def _locate_within(folder: Path, path: str, *, as_root: bool) -> int | None:
+    """An O_PATH descriptor of `path` resolved by the kernel inside `folder` (see
+    read_file_within); None where the kernel has no openat2."""
+    directory = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        resolve = _RESOLVE_IN_ROOT if as_root else _RESOLVE_BENEATH
+        return _openat2(directory, path, os.O_PATH | os.O_CLOEXEC, resolve)
+    except _NoOpenat2:
+        return None
+    finally:
+        os.close(directory)
 
 
 def read_vllm_config(path: str | os.PathLike[str]) -> str:

@@ -8,7 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.bounded_files import MAX_MODEL_CONFIG_BYTES, FileRefused, read_regular_file
+from exporter.bounded_files import (
+    MAX_MODEL_CONFIG_BYTES,
+    FileRefused,
+    read_regular_file,
+    stat_within,
+)
 from exporter.errors import ConfigError
 from exporter.hf_cache import find_snapshot, looks_like_repo_id
 from exporter.json_documents import NotJson, read_json
@@ -34,9 +39,21 @@ def model_config_file(path: Path) -> Path:
 def file_version(file: Path) -> FileVersion | None:
     """The version of `file` now (following symlinks), or None when it cannot be stat-ed."""
     try:
-        stat = file.stat()
+        return _version(file.stat())
     except (OSError, ValueError):  # ValueError: a path with a NUL byte
         return None
+
+
+def file_version_within(folder: Path, path: str, *, as_root: bool) -> FileVersion | None:
+    """file_version of `path` resolved inside `folder` (bounded_files.stat_within): another
+    process's file, through /proc/<pid>/root or cwd."""
+    try:
+        return _version(stat_within(folder, path, as_root=as_root))
+    except (OSError, ValueError):
+        return None
+
+
+def _version(stat: os.stat_result) -> FileVersion:
     return FileVersion(stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 

@@ -12,7 +12,7 @@ from typing import TypeVar
 from exporter.bounded_files import FileRefused, read_vllm_config_within
 from exporter.collectors.parsing import VllmServeArgs, parse_vllm_serve_args
 from exporter.errors import KvcapError, UsageError
-from exporter.model_config import file_version
+from exporter.model_config import file_version_within
 
 # `vllm serve --port`'s default.
 VLLM_DEFAULT_PORT = 8000
@@ -114,7 +114,8 @@ class CommandLines:
             return None
         if plain.config_file is None:
             return plain
-        key = (tuple(words), file_version(_path_in(entry, plain.config_file)))
+        folder, as_root = _folder_of(entry, plain.config_file)
+        key = (tuple(words), file_version_within(folder, plain.config_file, as_root=as_root))
         known = self._parsed.get(entry.name)
         if known is not None and known[0] == key:
             return known[1]
@@ -163,12 +164,6 @@ def _folder_of(entry: Path, path: str) -> tuple[Path, bool]:
     folder is the process's root: an absolute path's is its root, a relative one's its
     working folder."""
     return (entry / "root", True) if path.startswith("/") else (entry / "cwd", False)
-
-
-def _path_in(entry: Path, path: str) -> Path:
-    """Where a path a process names is, seen from here: under its root or its folder."""
-    folder, _ = _folder_of(entry, path)
-    return folder / path.lstrip("/")
 
 
 def _process_file_reader(entry: Path) -> Callable[[str], str]:

@@ -103,6 +103,34 @@ def test_a_config_link_in_the_process_root_resolves_inside_that_root(tmp_path: P
     assert told("up.yaml") is None  # beneath the working folder only: refused (EXDEV)
 
 
+def test_a_config_link_in_the_process_root_is_read_again_when_its_target_changes(
+    tmp_path: Path,
+) -> None:
+    """The version that keeps a parsed --config is the version of the file read, resolved
+    inside the process's root too: stat-ed plainly through /proc/<pid>/root, an absolute
+    link (a ConfigMap's `/etc/vllm.yaml -> /etc/configmap/vllm.yaml`) was the sidecar's own
+    path, missing or unchanged, and a changed config was never read again."""
+    proc = tmp_path / "proc"
+    entry = proc / "4242"
+    root = entry / "root"
+    (root / "etc" / "configmap").mkdir(parents=True)
+    target = root / "etc" / "configmap" / "vllm.yaml"
+    target.write_text("max-model-len: 8192\n")
+    (root / "etc" / "vllm.yaml").symlink_to("/etc/configmap/vllm.yaml")  # absolute, in-root
+    argv = ["vllm", "serve", "/models/x", "--config", "/etc/vllm.yaml"]
+    (entry / "cmdline").write_bytes(b"\0".join(w.encode() for w in argv) + b"\0")
+    command_lines = vllm_processes.CommandLines()
+
+    def told() -> int | None:
+        found = discover_serve_args(proc, command_lines=command_lines)
+        assert found is not None
+        return found.max_model_len
+
+    assert told() == 8192
+    target.write_text("max-model-len: 131072\n")
+    assert told() == 131072
+
+
 def test_a_config_file_is_read_once_per_change_not_once_a_poll(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
