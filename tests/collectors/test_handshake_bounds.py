@@ -15,11 +15,11 @@ from structlog.testing import capture_logs
 
 from exporter.collectors import HandshakeReceiver, HandshakeSettings
 from exporter.collectors.handshake_settings import (
-    DEFAULT_MAX_ENGINES,
     DEFAULT_MAX_GROUPS,
     DEFAULT_MAX_SERIES_ROWS,
     DEFAULT_MAX_WORKERS,
 )
+from exporter.collectors.registry import DEFAULT_MAX_ENGINES
 from exporter.handshake_wire import GroupExtra, ReadyExtras, bye_message, ready_v2_message
 from exporter.state import StateStore
 from tests.collectors.test_handshake import private_endpoint

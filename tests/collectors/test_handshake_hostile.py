@@ -20,7 +20,7 @@ import msgspec
 import pytest
 
 from exporter.collectors import HandshakeCollector, HandshakeSettings
-from exporter.collectors.handshake_settings import DEFAULT_MAX_ENGINES
+from exporter.collectors.registry import DEFAULT_MAX_ENGINES
 from exporter.errors import ConfigError
 from exporter.handshake_wire import (
     READY_V2_TOPIC,

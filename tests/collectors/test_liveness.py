@@ -298,7 +298,9 @@ def test_vllm_http_engines_of_a_gone_server_are_forgotten_and_return() -> None:
     playback = Playback(metrics=exposition_of(LLAMA, fixture))
     store = StateStore()
     with serve(playback) as url:
-        settings = vllm_http.VllmHttpSettings(urls=(url,), stale_after_s=15, forget_after_s=600)
+        settings = vllm_http_settings.VllmHttpSettings(
+            urls=(url,), stale_after_s=15, forget_after_s=600
+        )
         poller = vllm_http.ServerPoller(url, settings, fetch, store, threading.Event())
         poller.poll_once()
         assert [v.engine for v in store.snapshot().engines] == ["0", "1"]
