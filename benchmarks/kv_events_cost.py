@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import random
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from benchmarks.daemon import (
 )
 from exporter.collectors.kv_events_subscription import SUBSCRIPTION_RCVHWM
 from exporter.demo import simulated_deployment
+from exporter.demo.simulated_kv_events import KvGroup, ResidentBlocks
 from exporter.kv_events_wire import BatchDecoder
 from exporter.logs import configure_logging
 from exporter.prefix_cache import EngineResidency
@@ -116,39 +116,28 @@ def busy_point(working_set: int | None, seconds: float) -> Point:
             simulation.stop()
 
 
-def _stream(working_set: int, groups: int, steps: int, seed: int) -> list[bytes]:
-    """Batches as a simulated engine publishes them: per step, per group, BlockRemoved
-    events for the oldest blocks past the working set, then a BlockStored of new ones
-    (group 0 is full attention, the others sliding window, a quarter of the blocks)."""
-    rng = random.Random(seed)
-    resident: list[list[int]] = [[] for _ in range(groups)]
-    payloads = []
-    for step in range(steps):
-        events: list[object] = []
-        for group in range(groups):
-            limit = working_set if group == 0 else working_set // 4
-            count = _BLOCKS_PER_STEP if group == 0 else _BLOCKS_PER_STEP // 4
-            held = resident[group]
-            evicted = max(0, len(held) + count - limit)
-            for block_hash in held[:evicted]:
-                events.append(
-                    {"type": "BlockRemoved", "block_hashes": [block_hash], "group_idx": group}
-                )
-            del held[:evicted]
-            new = [rng.getrandbits(64) for _ in range(count)]
-            held.extend(new)
-            events.append(
-                {"type": "BlockStored", "block_hashes": new, "group_idx": group, "medium": "GPU"}
-            )
-        payloads.append(msgspec.msgpack.encode([1.7e9 + step * 0.2, events, 0]))
-    return payloads
+def _stream(
+    working_set: int, groups: tuple[KvGroup, ...], block_size: int, steps: int, seed: int
+) -> list[bytes]:
+    """Batches as a simulated engine publishes them (exporter.demo's ResidentBlocks): per
+    step, per group, BlockRemoved events for the oldest blocks past the working set, then a
+    BlockStored of new ones (a sliding-window group keeps a quarter of the blocks)."""
+    blocks = ResidentBlocks(groups, seed)
+    return [
+        msgspec.msgpack.encode(
+            [1.7e9 + step * 0.2, blocks.step(_BLOCKS_PER_STEP, working_set, block_size), 0]
+        )
+        for step in range(steps)
+    ]
 
 
-def traced_bytes_per_block(working_set: int, groups: int) -> tuple[float, float]:
+def traced_bytes_per_block(
+    working_set: int, groups: tuple[KvGroup, ...], block_size: int
+) -> tuple[float, float]:
     """(bytes per resident block, bytes of an engine's residency with its blocks taken
     out) of ENGINES residencies in steady churn, as tracemalloc counts them."""
     steps = 3 * working_set // _BLOCKS_PER_STEP + 50
-    streams = [_stream(working_set, groups, steps, seed) for seed in range(ENGINES)]
+    streams = [_stream(working_set, groups, block_size, steps, seed) for seed in range(ENGINES)]
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
@@ -255,10 +244,11 @@ def main() -> None:
             f"{engine_kib:.0f} KiB per followed engine (intercept {intercept:.1f} MiB)"
         )
     with tempfile.TemporaryDirectory() as directory:
-        plan = simulated_deployment(Path(directory) / "gemma").plan
-    groups = len(plan.capacity.groups)
+        simulation = simulated_deployment(Path(directory) / "gemma")
     for n in working_sets:
-        per_block, per_engine = traced_bytes_per_block(n, groups)
+        per_block, per_engine = traced_bytes_per_block(
+            n, simulation.kv_events_groups, simulation.kv_events_block_size
+        )
         print(
             f"tracemalloc, working set {n}: {per_block:.0f} B a block, "
             f"{per_engine:,.0f} B an engine"
