@@ -116,14 +116,17 @@ def startup_seconds() -> float:
 
 @contextmanager
 def daemon_watching(
-    engines: int, *flags: str, kv_events: bool = True
+    engines: int, *flags: str, kv_events: bool = True, working_set: int | None = None
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """A serving daemon process (with `flags`) polling a simulated `engines`-engine vLLM
-    every second (publishing KV events or not); yields the process and its port, and
-    stops both afterwards."""
+    every second (publishing KV events or not; `working_set`: the blocks each engine's
+    full-attention group keeps, the simulation's default if None); yields the process and
+    its port, and stops both afterwards."""
     with tempfile.TemporaryDirectory() as directory:
         simulation = simulated_deployment(Path(directory) / "gemma", data_parallel_size=engines)
         simulation.kv_events = kv_events
+        if working_set is not None:
+            simulation.kv_events_working_set = working_set
         url = simulation.start()
         port = free_port()
         process = start_daemon(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import subprocess
 import sys
@@ -26,14 +27,7 @@ import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from benchmarks.daemon import (
-    ENGINES,
-    free_port,
-    proc_figures,
-    resident_blocks,
-    scrape,
-    start_daemon,
-)
+from benchmarks.daemon import ENGINES, daemon_watching, proc_figures, resident_blocks, scrape
 from exporter.collectors.kv_events_subscription import SUBSCRIPTION_RCVHWM
 from exporter.demo import simulated_deployment
 from exporter.demo.simulated_kv_events import KvGroup, ResidentBlocks
@@ -68,52 +62,32 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return mean_y - slope * mean_x, slope
 
 
-def expected_blocks(working_set: int, groups: Sequence[int | None]) -> int:
-    """Blocks an engine holds once its working set is full (`groups`: each group's
-    sliding window, None for full attention)."""
-    return sum(working_set if window is None else working_set // 4 for window in groups)
+def expected_blocks(working_set: int, groups: Sequence[KvGroup]) -> int:
+    """Blocks an engine holds once its working set is full (a sliding-window group keeps
+    a quarter of them)."""
+    return sum(working_set if window is None else working_set // 4 for _, _, window in groups)
 
 
-def busy_point(working_set: int | None, seconds: float) -> Point:
-    """A daemon following 64 engines, measured while scraped 10 times a second once each
-    engine holds its whole working set."""
-    with tempfile.TemporaryDirectory() as directory:
-        simulation = simulated_deployment(Path(directory) / "gemma", data_parallel_size=ENGINES)
-        simulation.kv_events = working_set is not None
-        simulation.kv_events_working_set = working_set or 8
-        windows = [group.sliding_window for group in simulation.plan.capacity.groups]
-        wanted = ENGINES * expected_blocks(working_set, windows) if working_set else 0
-        url = simulation.start()
-        port = free_port()
-        process = start_daemon(
-            port, "--vllm.url", url, "--vllm.poll-interval", "1",
-            "--vllm.args", simulation.vllm_args,
-        )  # fmt: skip
-        try:
-            while not scrape(port):
-                time.sleep(0.05)
-            deadline = time.monotonic() + 120
-            while resident_blocks(port) < wanted and time.monotonic() < deadline:
-                for _ in range(10):
-                    scrape(port)
-                    time.sleep(0.1)
-            samples = []
-            began = time.monotonic()
-            while time.monotonic() - began < seconds:
-                for _ in range(10):
-                    scrape(port)
-                    time.sleep(0.1)
-                samples.append(proc_figures(process.pid)[0])
-            return Point(
-                working_set,
-                resident_blocks(port),
-                max(samples),
-                statistics.median(samples),
-            )
-        finally:
-            process.terminate()
-            process.wait(5)
-            simulation.stop()
+def busy_point(working_set: int | None, seconds: float, groups: Sequence[KvGroup]) -> Point:
+    """A daemon following 64 engines (of the demo's KV cache `groups`), measured while
+    scraped 10 times a second once each engine holds its whole working set."""
+    wanted = ENGINES * expected_blocks(working_set, groups) if working_set else 0
+    with daemon_watching(
+        ENGINES, kv_events=working_set is not None, working_set=working_set or 8
+    ) as (process, port):
+        deadline = time.monotonic() + 120
+        while resident_blocks(port) < wanted and time.monotonic() < deadline:
+            for _ in range(10):
+                scrape(port)
+                time.sleep(0.1)
+        samples = []
+        began = time.monotonic()
+        while time.monotonic() - began < seconds:
+            for _ in range(10):
+                scrape(port)
+                time.sleep(0.1)
+            samples.append(proc_figures(process.pid)[0])
+        return Point(working_set, resident_blocks(port), max(samples), statistics.median(samples))
 
 
 def _stream(
@@ -172,11 +146,6 @@ while True:
 """
 
 
-def rss_kib() -> int:
-    status = Path("/proc/self/status").read_text().splitlines()
-    return int(next(line.split()[1] for line in status if line.startswith("VmRSS")))
-
-
 def zmq_bytes_per_stream(seconds: float = 10.0) -> float:
     """RSS one followed stream costs in libzmq: a SUB socket set up as the collector's
     (its monitor socket included), connected over TCP and drained for `seconds`."""
@@ -188,7 +157,7 @@ def zmq_bytes_per_stream(seconds: float = 10.0) -> float:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         context.socket(zmq.SUB).close()  # the I/O thread and the context's own
-        before = rss_kib()
+        before_mib = proc_figures(os.getpid())[0]
         poller = zmq.Poller()
         for endpoint in endpoints:
             socket = context.socket(zmq.SUB)
@@ -206,7 +175,7 @@ def zmq_bytes_per_stream(seconds: float = 10.0) -> float:
                     continue
                 while ready.poll(0):
                     ready.recv_multipart(copy=False)
-        return (rss_kib() - before) * 1024 / ENGINES
+        return (proc_figures(os.getpid())[0] - before_mib) * 2**20 / ENGINES
     finally:
         child.kill()
         child.wait()
@@ -225,8 +194,11 @@ def main() -> None:
     # (RSS would not show them).
     zmq_kib = zmq_bytes_per_stream() / 1024
     working_sets = [int(n) for n in args.working_sets.split(",")]
-    points = [busy_point(None, args.seconds)]
-    points += [busy_point(n, args.seconds) for n in working_sets]
+    with tempfile.TemporaryDirectory() as directory:
+        demo = simulated_deployment(Path(directory) / "gemma")
+    groups = demo.kv_events_groups
+    points = [busy_point(None, args.seconds, groups)]
+    points += [busy_point(n, args.seconds, groups) for n in working_sets]
     print(f"{'working set':>12s} {'blocks':>8s} {'peak MiB':>9s} {'median MiB':>11s}")
     for point in points:
         label = "no events" if point.working_set is None else str(point.working_set)
@@ -243,12 +215,8 @@ def main() -> None:
             f"fit of {figure}: {slope * 2**20:.0f} B per resident block, "
             f"{engine_kib:.0f} KiB per followed engine (intercept {intercept:.1f} MiB)"
         )
-    with tempfile.TemporaryDirectory() as directory:
-        simulation = simulated_deployment(Path(directory) / "gemma")
     for n in working_sets:
-        per_block, per_engine = traced_bytes_per_block(
-            n, simulation.kv_events_groups, simulation.kv_events_block_size
-        )
+        per_block, per_engine = traced_bytes_per_block(n, groups, demo.kv_events_block_size)
         print(
             f"tracemalloc, working set {n}: {per_block:.0f} B a block, "
             f"{per_engine:,.0f} B an engine"
