@@ -41,7 +41,7 @@ from exporter.collectors import ServerPoller, VllmHttpSettings, collector_priori
 from exporter.collectors.parsing import parse_vllm_serve_args
 from exporter.exposition import build_exposition
 from exporter.logs import configure_logging
-from exporter.serve import Exporter, set_switch_interval
+from exporter.serve import Exporter, WebSettings, set_switch_interval
 from exporter.state import EngineReport, KvUsage, StateStore
 
 ENGINES = 64
@@ -362,7 +362,7 @@ def rows() -> list[Row]:
     store = StateStore(priority=collector_priority())
     poll = polls(store)
     poll(0)
-    exporter = Exporter([], "127.0.0.1:0", store=store)
+    exporter = Exporter([], WebSettings("127.0.0.1:0"), store=store)
     exporter.start()
     port = int(exporter.server.url.rsplit(":", 1)[1])
     body, series = check_bodies(port)
