@@ -30,17 +30,15 @@ from zmq.utils.monitor import recv_monitor_message
 from benchmarks.daemon import ENGINES, daemon_watching, proc_figures, resident_blocks, scrape
 from exporter.collectors.kv_events_subscription import SUBSCRIPTION_RCVHWM
 from exporter.demo import simulated_deployment
-from exporter.demo.simulated_kv_events import KvGroup, ResidentBlocks
+from exporter.demo.simulated_kv_events import BLOCKS_PER_STEP, KvGroup, ResidentBlocks
 from exporter.kv_events_wire import BatchDecoder
 from exporter.logs import configure_logging
 from exporter.prefix_cache import EngineResidency
 
 # Blocks of the full-attention group each engine keeps (a sliding-window group a quarter):
-# 8 is the least the simulated publisher can keep (it stores 8 blocks a step).
-WORKING_SETS = (8, 128, 256, 512, 1024)
+# BLOCKS_PER_STEP is the least the simulated publisher can keep (it stores that many a step).
+WORKING_SETS = (BLOCKS_PER_STEP, 128, 256, 512, 1024)
 MEASURE_SECONDS = 15.0
-# Blocks a step stores in the full-attention group (a sliding-window group: a quarter).
-_BLOCKS_PER_STEP = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +71,7 @@ def busy_point(working_set: int | None, seconds: float, groups: Sequence[KvGroup
     scraped 10 times a second once each engine holds its whole working set."""
     wanted = ENGINES * expected_blocks(working_set, groups) if working_set else 0
     with daemon_watching(
-        ENGINES, kv_events=working_set is not None, working_set=working_set or 8
+        ENGINES, kv_events=working_set is not None, working_set=working_set or BLOCKS_PER_STEP
     ) as (process, port):
         deadline = time.monotonic() + 120
         while resident_blocks(port) < wanted and time.monotonic() < deadline:
@@ -99,7 +97,7 @@ def _stream(
     blocks = ResidentBlocks(groups, seed)
     return [
         msgspec.msgpack.encode(
-            [1.7e9 + step * 0.2, blocks.step(_BLOCKS_PER_STEP, working_set, block_size), 0]
+            [1.7e9 + step * 0.2, blocks.step(BLOCKS_PER_STEP, working_set, block_size), 0]
         )
         for step in range(steps)
     ]
@@ -110,7 +108,7 @@ def traced_bytes_per_block(
 ) -> tuple[float, float]:
     """(bytes per resident block, bytes of an engine's residency with its blocks taken
     out) of ENGINES residencies in steady churn, as tracemalloc counts them."""
-    steps = 3 * working_set // _BLOCKS_PER_STEP + 50
+    steps = 3 * working_set // BLOCKS_PER_STEP + 50
     streams = [_stream(working_set, groups, block_size, steps, seed) for seed in range(ENGINES)]
     gc.collect()
     tracemalloc.start()

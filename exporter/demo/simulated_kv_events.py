@@ -23,6 +23,8 @@ from exporter.kv_events_wire import parse_sequence, sequence_frame
 
 _END_OF_REPLAY = sequence_frame(-1)
 _REPLAY_BUFFER = 10_000
+# Blocks an engine's full-attention group stores each step (a sliding-window group: a quarter).
+BLOCKS_PER_STEP = 8
 # (group index, kv_cache_spec_kind, sliding window) of each KV cache group.
 KvGroup = tuple[int, str, int | None]
 
@@ -146,7 +148,7 @@ class SimulatedKvEvents:
         block_size: int,
         groups: tuple[KvGroup, ...],
         step_s: float = 0.2,
-        blocks_per_step: int = 8,
+        blocks_per_step: int = BLOCKS_PER_STEP,
         working_set: int = 512,
     ) -> None:
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
