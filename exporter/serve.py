@@ -164,7 +164,7 @@ class Exporter:
     ) -> None:
         self.store = store or StateStore(priority=collector_priority())
         self.collectors = list(collectors)
-        self.listen_address = web.listen_address
+        self.web = web
         counters = WebCounters()
         cache = build_exposition(self.store.snapshot, counters)
         # Each new snapshot is rendered where it is made, so a scrape serves ready bytes.
@@ -208,7 +208,7 @@ class Exporter:
         except OSError as error:  # the port is taken, or not ours to bind
             cause = (error.strerror or str(error)).lower()
             raise ConfigError(
-                f"--web.listen-address {self.listen_address}: cannot listen: {cause}"
+                f"--web.listen-address {self.web.listen_address}: cannot listen: {cause}"
             ) from None
 
     def listen_flag(self, error: ConfigError) -> str:
