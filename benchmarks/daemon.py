@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 from benchmarks.common import Row, print_rows
 from exporter.demo import simulated_deployment
 from exporter.logs import configure_logging
+from tools.probe import free_port
 
 BUSY_SECONDS = 30.0
 ENGINES = 64
@@ -47,13 +47,6 @@ RESIDENT_BLOCK_BYTES = 144
 def kv_events_allowance_mib(engines: int, blocks: int) -> float:
     """What following `engines` KV event streams with `blocks` resident may add to RSS."""
     return (engines * ENGINE_KIB * 1024 + blocks * RESIDENT_BLOCK_BYTES) / 2**20
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def proc_figures(pid: int) -> tuple[float, float, int]:
@@ -116,14 +109,17 @@ def startup_seconds() -> float:
 
 @contextmanager
 def daemon_watching(
-    engines: int, *flags: str, kv_events: bool = True
+    engines: int, *flags: str, kv_events: bool = True, working_set: int | None = None
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """A serving daemon process (with `flags`) polling a simulated `engines`-engine vLLM
-    every second (publishing KV events or not); yields the process and its port, and
-    stops both afterwards."""
+    every second (publishing KV events or not; `working_set`: the blocks each engine's
+    full-attention group keeps, the simulation's default if None); yields the process and
+    its port, and stops both afterwards."""
     with tempfile.TemporaryDirectory() as directory:
         simulation = simulated_deployment(Path(directory) / "gemma", data_parallel_size=engines)
         simulation.kv_events = kv_events
+        if working_set is not None:
+            simulation.kv_events_working_set = working_set
         url = simulation.start()
         port = free_port()
         process = start_daemon(

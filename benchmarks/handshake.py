@@ -23,7 +23,6 @@ import msgspec
 import zmq
 
 from benchmarks.common import Row, median, p99, print_rows
-from benchmarks.scrape import free_port
 from exporter.collectors import (
     HandshakeReceiver,
     HandshakeSettings,
@@ -35,6 +34,7 @@ from exporter.handshake_wire import ReadyExtras, decode_extras, decode_ready, en
 from exporter.logs import configure_logging
 from exporter.state import StateStore
 from tools.handshake_data import HANDSHAKE, ready_for_rank
+from tools.probe import free_port
 
 RECORDING = "qwen3-next-80b-a3b-dp2-tp2.engine0.msgpack"
 READY = (HANDSHAKE / RECORDING).read_bytes()

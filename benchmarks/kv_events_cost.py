@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import random
+import os
 import statistics
 import subprocess
 import sys
@@ -27,26 +27,18 @@ import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from benchmarks.daemon import (
-    ENGINES,
-    free_port,
-    proc_figures,
-    resident_blocks,
-    scrape,
-    start_daemon,
-)
+from benchmarks.daemon import ENGINES, daemon_watching, proc_figures, resident_blocks, scrape
 from exporter.collectors.kv_events_subscription import SUBSCRIPTION_RCVHWM
 from exporter.demo import simulated_deployment
+from exporter.demo.simulated_kv_events import BLOCKS_PER_STEP, KvGroup, ResidentBlocks
 from exporter.kv_events_wire import BatchDecoder
 from exporter.logs import configure_logging
 from exporter.prefix_cache import EngineResidency
 
 # Blocks of the full-attention group each engine keeps (a sliding-window group a quarter):
-# 8 is the least the simulated publisher can keep (it stores 8 blocks a step).
-WORKING_SETS = (8, 128, 256, 512, 1024)
+# BLOCKS_PER_STEP is the least the simulated publisher can keep (it stores that many a step).
+WORKING_SETS = (BLOCKS_PER_STEP, 128, 256, 512, 1024)
 MEASURE_SECONDS = 15.0
-# Blocks a step stores in the full-attention group (a sliding-window group: a quarter).
-_BLOCKS_PER_STEP = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,87 +60,56 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return mean_y - slope * mean_x, slope
 
 
-def expected_blocks(working_set: int, groups: Sequence[int | None]) -> int:
-    """Blocks an engine holds once its working set is full (`groups`: each group's
-    sliding window, None for full attention)."""
-    return sum(working_set if window is None else working_set // 4 for window in groups)
+def expected_blocks(working_set: int, groups: Sequence[KvGroup]) -> int:
+    """Blocks an engine holds once its working set is full (a sliding-window group keeps
+    a quarter of them)."""
+    return sum(working_set if window is None else working_set // 4 for _, _, window in groups)
 
 
-def busy_point(working_set: int | None, seconds: float) -> Point:
-    """A daemon following 64 engines, measured while scraped 10 times a second once each
-    engine holds its whole working set."""
-    with tempfile.TemporaryDirectory() as directory:
-        simulation = simulated_deployment(Path(directory) / "gemma", data_parallel_size=ENGINES)
-        simulation.kv_events = working_set is not None
-        simulation.kv_events_working_set = working_set or 8
-        windows = [group.sliding_window for group in simulation.plan.capacity.groups]
-        wanted = ENGINES * expected_blocks(working_set, windows) if working_set else 0
-        url = simulation.start()
-        port = free_port()
-        process = start_daemon(
-            port, "--vllm.url", url, "--vllm.poll-interval", "1",
-            "--vllm.args", simulation.vllm_args,
-        )  # fmt: skip
-        try:
-            while not scrape(port):
-                time.sleep(0.05)
-            deadline = time.monotonic() + 120
-            while resident_blocks(port) < wanted and time.monotonic() < deadline:
-                for _ in range(10):
-                    scrape(port)
-                    time.sleep(0.1)
-            samples = []
-            began = time.monotonic()
-            while time.monotonic() - began < seconds:
-                for _ in range(10):
-                    scrape(port)
-                    time.sleep(0.1)
-                samples.append(proc_figures(process.pid)[0])
-            return Point(
-                working_set,
-                resident_blocks(port),
-                max(samples),
-                statistics.median(samples),
-            )
-        finally:
-            process.terminate()
-            process.wait(5)
-            simulation.stop()
+def busy_point(working_set: int | None, seconds: float, groups: Sequence[KvGroup]) -> Point:
+    """A daemon following 64 engines (of the demo's KV cache `groups`), measured while
+    scraped 10 times a second once each engine holds its whole working set."""
+    wanted = ENGINES * expected_blocks(working_set, groups) if working_set else 0
+    with daemon_watching(
+        ENGINES, kv_events=working_set is not None, working_set=working_set or BLOCKS_PER_STEP
+    ) as (process, port):
+        deadline = time.monotonic() + 120
+        while resident_blocks(port) < wanted and time.monotonic() < deadline:
+            for _ in range(10):
+                scrape(port)
+                time.sleep(0.1)
+        samples = []
+        began = time.monotonic()
+        while time.monotonic() - began < seconds:
+            for _ in range(10):
+                scrape(port)
+                time.sleep(0.1)
+            samples.append(proc_figures(process.pid)[0])
+        return Point(working_set, resident_blocks(port), max(samples), statistics.median(samples))
 
 
-def _stream(working_set: int, groups: int, steps: int, seed: int) -> list[bytes]:
-    """Batches as a simulated engine publishes them: per step, per group, BlockRemoved
-    events for the oldest blocks past the working set, then a BlockStored of new ones
-    (group 0 is full attention, the others sliding window, a quarter of the blocks)."""
-    rng = random.Random(seed)
-    resident: list[list[int]] = [[] for _ in range(groups)]
-    payloads = []
-    for step in range(steps):
-        events: list[object] = []
-        for group in range(groups):
-            limit = working_set if group == 0 else working_set // 4
-            count = _BLOCKS_PER_STEP if group == 0 else _BLOCKS_PER_STEP // 4
-            held = resident[group]
-            evicted = max(0, len(held) + count - limit)
-            for block_hash in held[:evicted]:
-                events.append(
-                    {"type": "BlockRemoved", "block_hashes": [block_hash], "group_idx": group}
-                )
-            del held[:evicted]
-            new = [rng.getrandbits(64) for _ in range(count)]
-            held.extend(new)
-            events.append(
-                {"type": "BlockStored", "block_hashes": new, "group_idx": group, "medium": "GPU"}
-            )
-        payloads.append(msgspec.msgpack.encode([1.7e9 + step * 0.2, events, 0]))
-    return payloads
+def _stream(
+    working_set: int, groups: tuple[KvGroup, ...], block_size: int, steps: int, seed: int
+) -> list[bytes]:
+    """Batches as a simulated engine publishes them (exporter.demo's ResidentBlocks): per
+    step, per group, BlockRemoved events for the oldest blocks past the working set, then a
+    BlockStored of new ones (a sliding-window group keeps a quarter of the blocks)."""
+    blocks = ResidentBlocks(groups, seed)
+    return [
+        msgspec.msgpack.encode(
+            [1.7e9 + step * 0.2, blocks.step(BLOCKS_PER_STEP, working_set, block_size), 0]
+        )
+        for step in range(steps)
+    ]
 
 
-def traced_bytes_per_block(working_set: int, groups: int) -> tuple[float, float]:
+def traced_bytes_per_block(
+    working_set: int, groups: tuple[KvGroup, ...], block_size: int
+) -> tuple[float, float]:
     """(bytes per resident block, bytes of an engine's residency with its blocks taken
     out) of ENGINES residencies in steady churn, as tracemalloc counts them."""
-    steps = 3 * working_set // _BLOCKS_PER_STEP + 50
-    streams = [_stream(working_set, groups, steps, seed) for seed in range(ENGINES)]
+    steps = 3 * working_set // BLOCKS_PER_STEP + 50
+    streams = [_stream(working_set, groups, block_size, steps, seed) for seed in range(ENGINES)]
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
@@ -183,11 +144,6 @@ while True:
 """
 
 
-def rss_kib() -> int:
-    status = Path("/proc/self/status").read_text().splitlines()
-    return int(next(line.split()[1] for line in status if line.startswith("VmRSS")))
-
-
 def zmq_bytes_per_stream(seconds: float = 10.0) -> float:
     """RSS one followed stream costs in libzmq: a SUB socket set up as the collector's
     (its monitor socket included), connected over TCP and drained for `seconds`."""
@@ -199,7 +155,7 @@ def zmq_bytes_per_stream(seconds: float = 10.0) -> float:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         context.socket(zmq.SUB).close()  # the I/O thread and the context's own
-        before = rss_kib()
+        before_mib = proc_figures(os.getpid())[0]
         poller = zmq.Poller()
         for endpoint in endpoints:
             socket = context.socket(zmq.SUB)
@@ -217,7 +173,7 @@ def zmq_bytes_per_stream(seconds: float = 10.0) -> float:
                     continue
                 while ready.poll(0):
                     ready.recv_multipart(copy=False)
-        return (rss_kib() - before) * 1024 / ENGINES
+        return (proc_figures(os.getpid())[0] - before_mib) * 2**20 / ENGINES
     finally:
         child.kill()
         child.wait()
@@ -236,8 +192,11 @@ def main() -> None:
     # (RSS would not show them).
     zmq_kib = zmq_bytes_per_stream() / 1024
     working_sets = [int(n) for n in args.working_sets.split(",")]
-    points = [busy_point(None, args.seconds)]
-    points += [busy_point(n, args.seconds) for n in working_sets]
+    with tempfile.TemporaryDirectory() as directory:
+        demo = simulated_deployment(Path(directory) / "gemma")
+    groups = demo.kv_events_groups
+    points = [busy_point(None, args.seconds, groups)]
+    points += [busy_point(n, args.seconds, groups) for n in working_sets]
     print(f"{'working set':>12s} {'blocks':>8s} {'peak MiB':>9s} {'median MiB':>11s}")
     for point in points:
         label = "no events" if point.working_set is None else str(point.working_set)
@@ -254,11 +213,8 @@ def main() -> None:
             f"fit of {figure}: {slope * 2**20:.0f} B per resident block, "
             f"{engine_kib:.0f} KiB per followed engine (intercept {intercept:.1f} MiB)"
         )
-    with tempfile.TemporaryDirectory() as directory:
-        plan = simulated_deployment(Path(directory) / "gemma").plan
-    groups = len(plan.capacity.groups)
     for n in working_sets:
-        per_block, per_engine = traced_bytes_per_block(n, groups)
+        per_block, per_engine = traced_bytes_per_block(n, groups, demo.kv_events_block_size)
         print(
             f"tracemalloc, working set {n}: {per_block:.0f} B a block, "
             f"{per_engine:,.0f} B an engine"

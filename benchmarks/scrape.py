@@ -41,8 +41,9 @@ from exporter.collectors import ServerPoller, VllmHttpSettings, collector_priori
 from exporter.collectors.parsing import parse_vllm_serve_args
 from exporter.exposition import build_exposition
 from exporter.logs import configure_logging
-from exporter.serve import Exporter, set_switch_interval
+from exporter.serve import Exporter, WebSettings, set_switch_interval
 from exporter.state import EngineReport, KvUsage, StateStore
+from tools.probe import free_port
 
 ENGINES = 64
 REQUESTS = 400
@@ -157,13 +158,6 @@ def latencies(
         client.kill()
         client.wait()
     return timings[20:]  # warm-up
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def node_exporter_latencies(kvcap_body: str, gzip_: bool) -> list[float] | None:
@@ -362,7 +356,7 @@ def rows() -> list[Row]:
     store = StateStore(priority=collector_priority())
     poll = polls(store)
     poll(0)
-    exporter = Exporter([], "127.0.0.1:0", store=store)
+    exporter = Exporter([], WebSettings("127.0.0.1:0"), store=store)
     exporter.start()
     port = int(exporter.server.url.rsplit(":", 1)[1])
     body, series = check_bodies(port)

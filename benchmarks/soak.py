@@ -21,13 +21,14 @@ from pathlib import Path
 import zmq
 
 from benchmarks.common import Row, print_rows
-from benchmarks.daemon import free_port, proc_figures, scrape, start_daemon
+from benchmarks.daemon import proc_figures, scrape, start_daemon
 from exporter.demo import simulated_deployment
 from exporter.demo.simulated_vllm import SimulatedEngine, SimulatedVllm
 from exporter.handshake_wire import ReadyExtras, bye_message, ready_message
 from tools.handshake_data import ready_for_rank
 from tools.nvml.build import build_fake_nvml
 from tools.nvml.fake import FakeNvml, FakeNvmlConfig, eight_h200s
+from tools.probe import free_port
 
 GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
 

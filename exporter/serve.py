@@ -10,6 +10,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -131,34 +132,50 @@ def build_collectors(args: argparse.Namespace) -> list[Collector]:
     return collectors
 
 
+@dataclass(frozen=True, slots=True)
+class WebSettings:
+    """The `--web.*` flags, as the web server of `serve` and of `demo` takes them."""
+
+    listen_address: str
+    config_file: Path | None = None
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    allow_downgrade: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> WebSettings:
+        return cls(
+            args.web_listen_address,
+            args.web_config_file,
+            max_connections=args.web_max_requests,
+            allow_downgrade=args.web_config_allow_downgrade,
+        )
+
+
 class Exporter:
     """The running daemon: state, collectors and web server, started and stopped together."""
 
     def __init__(
         self,
         collectors: Sequence[Collector],
-        listen_address: str,
-        web_config_file: Path | None = None,
+        web: WebSettings,
         store: StateStore | None = None,
         *,
-        max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        allow_downgrade: bool = False,
         active_flags: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.store = store or StateStore(priority=collector_priority())
         self.collectors = list(collectors)
-        self.listen_address = listen_address
+        self.web = web
         counters = WebCounters()
         cache = build_exposition(self.store.snapshot, counters)
         # Each new snapshot is rendered where it is made, so a scrape serves ready bytes.
         self.store.subscribe(cache.prepare)
         follow_engines(self.store, self.collectors)
         self.server = WebServer(
-            listen_address,
+            web.listen_address,
             build_routes(self.store.snapshot, cache, active_flags),
-            web_config_file=web_config_file,
-            max_connections=max_connections,
-            allow_downgrade=allow_downgrade,
+            web_config_file=web.config_file,
+            max_connections=web.max_connections,
+            allow_downgrade=web.allow_downgrade,
             counters=counters,
         )
 
@@ -191,7 +208,7 @@ class Exporter:
         except OSError as error:  # the port is taken, or not ours to bind
             cause = (error.strerror or str(error)).lower()
             raise ConfigError(
-                f"--web.listen-address {self.listen_address}: cannot listen: {cause}"
+                f"--web.listen-address {self.web.listen_address}: cannot listen: {cause}"
             ) from None
 
     def listen_flag(self, error: ConfigError) -> str:
@@ -274,14 +291,8 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
     set_switch_interval()
     stop = StopSignals()
-    exporter = Exporter(
-        build_collectors(args),
-        args.web_listen_address,
-        args.web_config_file,
-        max_connections=args.web_max_requests,
-        allow_downgrade=args.web_config_allow_downgrade,
-        active_flags=list(args.flags.active(args)),
-    )
+    web = WebSettings.from_args(args)
+    exporter = Exporter(build_collectors(args), web, active_flags=list(args.flags.active(args)))
     exporter.start()  # raises with nothing left running: no "stopped" line for a failed start
     try:
         stop.wait(on_reload=exporter.server.reload_web_config)

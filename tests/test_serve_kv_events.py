@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collectors import KvEventsCollector, KvEventsSettings
 from exporter.demo import demo_running
-from exporter.serve import Exporter
+from exporter.serve import Exporter, WebSettings
 from exporter.state import KvEventsEndpoint
 from tests.collectors.test_kv_events import wait_for
 from tests.kv_events_data import SHARED_PREFIX, frames
@@ -27,7 +27,7 @@ def test_residency_is_scraped_per_engine_and_group() -> None:
     collector = KvEventsCollector(
         KvEventsSettings(endpoints=(KvEventsEndpoint(publisher.endpoint, None, "0"),))
     )
-    exporter = Exporter([collector], "127.0.0.1:0")
+    exporter = Exporter([collector], WebSettings("127.0.0.1:0"))
     exporter.start()
     try:
         publisher.wait_for_subscriber()

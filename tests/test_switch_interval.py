@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from exporter.serve import SWITCH_INTERVAL_S, Exporter, set_switch_interval
+from exporter.serve import SWITCH_INTERVAL_S, Exporter, WebSettings, set_switch_interval
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def test_an_exporter_built_inside_a_process_leaves_its_switch_interval(
 ) -> None:
     """Tests and benchmarks build Exporters in their own process: no retuning behind them."""
     sys.setswitchinterval(0.004)
-    exporter = Exporter([], "127.0.0.1:0")
+    exporter = Exporter([], WebSettings("127.0.0.1:0"))
     exporter.start()
     try:
         assert sys.getswitchinterval() == pytest.approx(0.004)

@@ -23,10 +23,17 @@ from exporter.collectors.parsing import parse_vllm_serve_args
 from exporter.demo.simulated_vllm import SimulatedVllm
 from exporter.flags import Flags
 from exporter.logs import configure_logging
-from exporter.serve import Exporter, StopSignals, add_common_arguments, set_switch_interval
-from exporter.web import DEFAULT_MAX_CONNECTIONS
+from exporter.serve import (
+    Exporter,
+    StopSignals,
+    WebSettings,
+    add_common_arguments,
+    set_switch_interval,
+)
 
 DEMO_MODEL = "gemma-3-27b-text"
+# Where a demo started from code (tests, benchmarks) serves: a free port on loopback.
+LOOPBACK_ANY_PORT = WebSettings("127.0.0.1:0")
 DEMO_SERVED_NAME = "google/gemma-3-27b-it"
 
 
@@ -72,17 +79,12 @@ def http_collector(simulation: SimulatedVllm, poll_interval_s: float = 1.0) -> V
 @contextmanager
 def demo_running(
     models: Path,
-    listen_address: str = "127.0.0.1:0",
-    web_config_file: Path | None = None,
+    web: WebSettings = LOOPBACK_ANY_PORT,
     poll_interval_s: float = 1.0,
     active_flags: Sequence[tuple[str, str]] = (),
-    *,
-    max_connections: int = DEFAULT_MAX_CONNECTIONS,
-    allow_downgrade: bool = False,
 ) -> Iterator[tuple[SimulatedVllm, Exporter]]:
     """The simulated deployment (its config.json under `models`) and an exporter polling it
-    through the real vllm_http collector; both stopped on exit. `/` lists `active_flags`;
-    the web server takes the `--web.*` settings as `serve`'s does."""
+    through the real vllm_http collector; both stopped on exit. `/` lists `active_flags`."""
     simulation = simulated_deployment(models / DEMO_MODEL)
     simulation.start()
     try:
@@ -90,10 +92,7 @@ def demo_running(
         kv_events = KvEventsCollector(KvEventsSettings(discovery_interval_s=poll_interval_s))
         exporter = Exporter(
             [http_collector(simulation, poll_interval_s), kv_events],
-            listen_address,
-            web_config_file,
-            max_connections=max_connections,
-            allow_downgrade=allow_downgrade,
+            web,
             active_flags=active_flags,
         )
         try:
@@ -145,11 +144,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         tempfile.TemporaryDirectory(prefix="kvcap-demo-") as models,
         demo_running(
             Path(models),
-            args.web_listen_address,
-            args.web_config_file,
+            WebSettings.from_args(args),
             active_flags=list(args.flags.active(args)),
-            max_connections=args.web_max_requests,
-            allow_downgrade=args.web_config_allow_downgrade,
         ) as running,
     ):
         simulation, exporter = running

@@ -23,48 +23,24 @@ from exporter.kv_events_wire import parse_sequence, sequence_frame
 
 _END_OF_REPLAY = sequence_frame(-1)
 _REPLAY_BUFFER = 10_000
+# Blocks an engine's full-attention group stores each step (a sliding-window group: a quarter).
+BLOCKS_PER_STEP = 8
 # (group index, kv_cache_spec_kind, sliding window) of each KV cache group.
 KvGroup = tuple[int, str, int | None]
 
 
-class _EnginePublisher:
-    def __init__(
-        self,
-        context: zmq.Context[zmq.Socket[bytes]],
-        rank: int,
-        seed: int,
-        groups: tuple[KvGroup, ...],
-    ) -> None:
-        self.rank = rank
+class ResidentBlocks:
+    """The blocks one engine keeps resident in each KV cache group, and the events of each
+    step that changes them (no sockets: benchmarks.kv_events_cost feeds them to a residency)."""
+
+    def __init__(self, groups: tuple[KvGroup, ...], seed: int) -> None:
         self.groups = groups
-        self.pub = context.socket(zmq.PUB)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        self.pub.bind("tcp://127.0.0.1:0")
-        self.router = context.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        self.router.bind("tcp://127.0.0.1:0")
-        self.sequence = 0
-        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=_REPLAY_BUFFER)
         self.resident: dict[int, deque[int]] = {group: deque() for group, _, _ in groups}
         self.random = random.Random(seed)
 
-    def endpoint(self, socket: zmq.Socket[bytes]) -> str:
-        return socket.getsockopt_string(zmq.LAST_ENDPOINT)
-
-    def source(self) -> dict[str, Any]:
-        """This engine's entry of /kv_event_sources, as vLLM's frontend serves it."""
-        return {
-            "enable_kv_cache_events": True,
-            "publisher": "zmq",
-            "endpoint": self.endpoint(self.pub),
-            "replay_endpoint": self.endpoint(self.router),
-            "buffer_steps": _REPLAY_BUFFER,
-            "hwm": 100_000,
-            "max_queue_size": 100_000,
-            "topic": "",
-        }
-
-    def step(self, blocks: int, working_set: int, block_size: int) -> None:
+    def step(self, blocks: int, working_set: int, block_size: int) -> list[dict[str, Any]]:
+        """A step's events: `blocks` stored in the full-attention group (a quarter in a
+        sliding-window one), after BlockRemoved events for the oldest past `working_set`."""
         events: list[dict[str, Any]] = []
         for group, kind, window in self.groups:
             resident = self.resident[group]
@@ -97,6 +73,46 @@ class _EnginePublisher:
                     **({"kv_cache_spec_sliding_window": window} if window else {}),
                 }
             )
+        return events
+
+
+class _EnginePublisher:
+    def __init__(
+        self,
+        context: zmq.Context[zmq.Socket[bytes]],
+        rank: int,
+        seed: int,
+        groups: tuple[KvGroup, ...],
+    ) -> None:
+        self.rank = rank
+        self.pub = context.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.bind("tcp://127.0.0.1:0")
+        self.router = context.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind("tcp://127.0.0.1:0")
+        self.sequence = 0
+        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=_REPLAY_BUFFER)
+        self.blocks = ResidentBlocks(groups, seed)
+
+    def endpoint(self, socket: zmq.Socket[bytes]) -> str:
+        return socket.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def source(self) -> dict[str, Any]:
+        """This engine's entry of /kv_event_sources, as vLLM's frontend serves it."""
+        return {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": self.endpoint(self.pub),
+            "replay_endpoint": self.endpoint(self.router),
+            "buffer_steps": _REPLAY_BUFFER,
+            "hwm": 100_000,
+            "max_queue_size": 100_000,
+            "topic": "",
+        }
+
+    def step(self, blocks: int, working_set: int, block_size: int) -> None:
+        events = self.blocks.step(blocks, working_set, block_size)
         payload = msgspec.msgpack.encode([time.time(), events, self.rank])
         frame = sequence_frame(self.sequence)
         self.pub.send_multipart([b"", frame, payload])
@@ -132,7 +148,7 @@ class SimulatedKvEvents:
         block_size: int,
         groups: tuple[KvGroup, ...],
         step_s: float = 0.2,
-        blocks_per_step: int = 8,
+        blocks_per_step: int = BLOCKS_PER_STEP,
         working_set: int = 512,
     ) -> None:
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()

@@ -20,7 +20,7 @@ from typing import Any
 
 from exporter.capacity import CapacityResult, EngineSettings, derive_capacity
 from exporter.demo.http_thread import ThreadedHttpServer
-from exporter.demo.simulated_kv_events import SimulatedKvEvents
+from exporter.demo.simulated_kv_events import KvGroup, SimulatedKvEvents
 
 # vLLM's CPU tier pads each chunk to a memory page (SharedOffloadRegion).
 PAGE_BYTES = 4096
@@ -112,6 +112,18 @@ class SimulatedVllm:
         if self.kv_offloading_size_gib is not None:
             args += ["--kv-offloading-size", str(self.kv_offloading_size_gib)]
         return " ".join(args)
+
+    @property
+    def kv_events_groups(self) -> tuple[KvGroup, ...]:
+        """The plan's groups, in its order (vLLM's group_idx), named as vLLM names them."""
+        return tuple(
+            (index, group.kind, group.sliding_window)
+            for index, group in enumerate(self.plan.capacity.groups)
+        )
+
+    @property
+    def kv_events_block_size(self) -> int:
+        return self.plan.capacity.block_size or 16
 
     def remove_engine(self, index: int) -> None:
         with self._lock:
@@ -230,12 +242,8 @@ class SimulatedVllm:
         if self.kv_events and self._publishers is None:
             self._publishers = SimulatedKvEvents(
                 self.data_parallel_size,
-                block_size=self.plan.capacity.block_size or 16,
-                # The plan's groups, in its order (vLLM's group_idx), named as vLLM names them.
-                groups=tuple(
-                    (index, group.kind, group.sliding_window)
-                    for index, group in enumerate(self.plan.capacity.groups)
-                ),
+                block_size=self.kv_events_block_size,
+                groups=self.kv_events_groups,
                 working_set=self.kv_events_working_set,
             )
             self._publishers.start()

@@ -315,9 +315,6 @@ class _Rendered:
             self._crcs[openmetrics] = found
         return found
 
-    def deflated(self, openmetrics: bool) -> bytes:
-        return self.kept.deflated(openmetrics) + self.live.deflated(openmetrics)
-
 
 @dataclass(frozen=True, slots=True)
 class Body:
@@ -411,13 +408,14 @@ class ExpositionCache:
             parts = (rendered.kept.plain(openmetrics), rendered.live.plain(openmetrics), tail)
             return Body(b"".join(parts), content_type, False)
         self._gzipped_formats.add(openmetrics)
-        kept_crc = self._kept_crc(rendered.kept, openmetrics)
-        crc = zlib.crc32(tail, rendered.crc(openmetrics, kept_crc))
+        kept, live, rendered_crc = self._gzip_parts(rendered, openmetrics)
+        crc = zlib.crc32(tail, rendered_crc)
         size = (rendered.size(openmetrics) + len(tail)) & 0xFFFFFFFF
         content = b"".join(
             (
                 _GZIP_HEADER,
-                rendered.deflated(openmetrics),
+                kept,
+                live,
                 stored_chunk(tail),
                 _LAST_BLOCK,
                 struct.pack("<II", crc, size),
@@ -434,14 +432,23 @@ class ExpositionCache:
             # The gzip chunk and CRC-32 of the formats scrapes asked for in gzip (every
             # Prometheus does): zlib on this thread, not on the scrape's.
             for openmetrics in tuple(self._gzipped_formats):
-                rendered.deflated(openmetrics)
-                rendered.crc(openmetrics, self._kept_crc(rendered.kept, openmetrics))
+                self._gzip_parts(rendered, openmetrics)
         except Exception:
             if not self._render_failing:  # logged once per run of failures
                 _log.exception("render_failed")
             self._render_failing = True
         else:
             self._render_failing = False
+
+    def _gzip_parts(self, rendered: _Rendered, openmetrics: bool) -> tuple[bytes, bytes, int]:
+        """The kept and live blocks' gzip chunks and the CRC-32 of their plain text, each
+        made once per block and format (whichever of `prepare` and a scrape comes first)."""
+        kept_crc = self._kept_crc(rendered.kept, openmetrics)
+        return (
+            rendered.kept.deflated(openmetrics),
+            rendered.live.deflated(openmetrics),
+            rendered.crc(openmetrics, kept_crc),
+        )
 
     def _kept_crc(self, block: _Block, openmetrics: bool) -> int:
         """The kept block's CRC-32, computed once per block and format."""

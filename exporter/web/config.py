@@ -222,7 +222,10 @@ def build_ssl_context(tls: TlsConfig) -> ssl.SSLContext:
     # would hang start-up or a reload in OpenSSL's open; /dev/zero would never end), and
     # OpenSSL loads exactly those bytes from an anonymous memory file.
     with _tls_file(tls.cert_file, "cert_file") as cert, _tls_file(tls.key_file, "key_file") as key:
-        _check_certificates_load(cert, tls.cert_file, "cert_file")
+        # Into a throwaway context: tells a bad certificate apart from a bad key, which
+        # load_cert_chain reports alike.
+        throwaway = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        _load_certificates(throwaway, cert, tls.cert_file, "cert_file")
         try:
             context.load_cert_chain(cert, key, password=_refuse_encrypted_key)
         except ssl.SSLError as exc:
@@ -234,8 +237,7 @@ def build_ssl_context(tls: TlsConfig) -> ssl.SSLContext:
             _fail("tls_server_config.key_file", f"{tls.key_file} {problem}", exc)
     if tls.client_ca_file is not None:
         with _tls_file(tls.client_ca_file, "client_ca_file") as client_ca:
-            _check_certificates_load(client_ca, tls.client_ca_file, "client_ca_file")
-            context.load_verify_locations(cafile=client_ca)
+            _load_certificates(context, client_ca, tls.client_ca_file, "client_ca_file")
     context.verify_mode = _VERIFY_MODES[tls.client_auth_type]
     context.set_alpn_protocols(["http/1.1"])
     if tls.client_allowed_sans:
@@ -470,11 +472,11 @@ def _tls_file(path: Path, name: str) -> Iterator[str]:
         os.close(descriptor)
 
 
-def _check_certificates_load(loadable: str, path: Path, name: str) -> None:
-    # Loading into a throwaway context tells a bad certificate apart from a bad key, which
-    # load_cert_chain reports alike.
+def _load_certificates(context: ssl.SSLContext, loadable: str, path: Path, name: str) -> None:
+    """The PEM certificates of `loadable` (the memory file of `path`) into `context`'s
+    trust store; ConfigError naming `name` where none loads."""
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=loadable)
+        context.load_verify_locations(cafile=loadable)
     except ssl.SSLError as exc:
         _fail(f"tls_server_config.{name}", f"no PEM certificate can be loaded from {path}", exc)
 

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from exporter.collectors import Collector
-from exporter.serve import Exporter
+from exporter.serve import Exporter, WebSettings
 from exporter.state import StateStore
 from tools.probe import Scrape, fetch, scrape, wait_timed
 
@@ -46,7 +46,7 @@ def running_exporter(
     sources: Sequence[Collector], store: StateStore | None = None
 ) -> Iterator[Exporter]:
     """The real daemon (sources, state, web server) on a free loopback port."""
-    exporter = Exporter(sources, "127.0.0.1:0", store=store)
+    exporter = Exporter(sources, WebSettings("127.0.0.1:0"), store=store)
     exporter.start()
     try:
         yield exporter
