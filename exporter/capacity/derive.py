@@ -287,15 +287,18 @@ def _plan_blocks(
     settings, groups = r.settings, built.groups
     pp = settings.pipeline_parallel_size
     stages = pipeline_stage_layers(r.layout.num_decoder_layers, pp)
-    stage_bytes = bytes_per_block_per_stage(groups, stages)
     if r.release_rules.groups_per_worker and pp > 1:  # 0.10: each stage its own groups
         stage_bytes = [
             bytes_per_block_per_stage(
-                group_layers(_worker_layers(r, built.layers, s), r.release_rules), [stages[s]]
+                group_layers(_worker_layers(r, built.layers, s), r.release_rules), [stage]
             )[0]
-            for s in range(pp)
+            for s, stage in enumerate(stages)
         ]
-    worker_bytes = [stage_bytes[s] for s in range(pp) for _ in range(settings.tensor_parallel_size)]
+    else:
+        stage_bytes = bytes_per_block_per_stage(groups, stages)
+    # Every TP rank of a stage holds the stage's layers.
+    worker_stages = [s for s in range(pp) for _ in range(settings.tensor_parallel_size)]
+    worker_bytes = [stage_bytes[s] for s in worker_stages]
     # Batched tokens follow the configured length, before any auto-fit shortens it.
     batched_tokens = _batched_tokens(r.hf, settings, r.rules, r.max_model_len)
 
@@ -327,12 +330,8 @@ def _plan_blocks(
     fixed_blocks = sizing_override or num_gpu_blocks
     workers_measured = not fixed_blocks and available_kv_bytes_per_worker is not None
     workers = [
-        (bpb, fixed_blocks * bpb if fixed_blocks else available_kv_bytes_per_worker or 0, stage)
-        for bpb, stage in zip(
-            worker_bytes,
-            [stage for stage in stages for _ in range(settings.tensor_parallel_size)],
-            strict=True,
-        )
+        (bpb, fixed_blocks * bpb if fixed_blocks else available_kv_bytes_per_worker or 0, stages[s])
+        for bpb, s in zip(worker_bytes, worker_stages, strict=True)
         if bpb > 0
     ]
 
