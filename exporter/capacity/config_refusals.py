@@ -29,7 +29,7 @@ def refuse_settings(
     """Raise what the release refuses from the config and the settings alone, in its order."""
     _check_parallel_sizes(hf, settings)
     if settings.auto_fit_max_model_len:
-        refuse_minus_one(
+        _refuse_minus_one(
             release,
             is_cpu=platform.is_cpu,
             world_size=settings.world_size,
@@ -69,7 +69,7 @@ def _at_least_one(field: str, value: int) -> str:
     )
 
 
-def refuse_minus_one(
+def _refuse_minus_one(
     release: RuleSet, *, is_cpu: bool, world_size: int, batched_tokens_given: bool
 ) -> None:
     """Raise the release's refusal of `--max-model-len -1` (nothing from 0.14 on: it fits)."""
