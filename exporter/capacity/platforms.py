@@ -136,9 +136,10 @@ def platform_rules(name: str, release: RuleSet | None = None) -> PlatformRules:
         return replace(
             rules,
             kernel_block_multiple=release.cpu_kernel_block_multiple,
-            # AMX hosts reset it from 0.26 (0.27.0: "... for AMX mamba attention").
-            ssm_state_float32=release.cpu_ssm_float32
-            or (name == CPU_AMX and release.cpu_amx_ssm_float32),
+            # AMX hosts reset it from 0.26 (0.27.0: "... for AMX mamba attention"); kvcap's
+            # CPU hosts all have AVX-512 BF16.
+            ssm_state_float32=release.cpu_ssm_float32_hosts == "avx512_bf16_hosts"
+            or (name == CPU_AMX and release.cpu_ssm_float32_hosts == "amx_hosts"),
             hybrid_block=release.cpu_hybrid_block,
         )
     forced, multiple = _cuda_mla_block(release)

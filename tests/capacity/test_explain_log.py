@@ -21,7 +21,7 @@ from exporter.capacity_cli.explain_log import (
     explanation_text,
 )
 from tests.conftest import GOLDEN
-from tests.support.release_records import amx_mla_cannot_run
+from tests.support.release_records import RELEASE_FILES, amx_mla_cannot_run, release_records
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "explain-log"
 LIVE = FIXTURES / "live"
@@ -31,9 +31,8 @@ GIB = 2**30
 
 def _records() -> list[tuple[str, dict[str, Any]]]:
     found = []
-    for path in sorted((GOLDEN / "releases").glob("vllm-*.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
+    for path in RELEASE_FILES:
+        for record in release_records(path):
             # Environment variables are not in vLLM's non-default args line: those cases
             # cannot be told from a log. vLLM 0.10 planned `--max-model-len -1` as a length
             # of -1 tokens ("Maximum concurrency for -1 tokens"): no log to explain. Nor can

@@ -19,6 +19,7 @@ from exporter.collectors.parsing import parse_cache_config_info, parse_vllm_metr
 from exporter.errors import ConfigError, UnsupportedConfiguration
 from exporter.handshake_wire import ReadyExtras, ReadyResponse, decode_extras, encode
 from tests.conftest import FIXTURES
+from tests.support.release_records import grid_config
 
 LIVE_CPU = FIXTURES / "live-cpu"
 GIB = 2**30
@@ -254,15 +255,6 @@ def test_the_handshake_names_the_platform_the_plugin_saw() -> None:
 
 # Rules the CPU settings grid found (tests/fixtures/golden/releases/*-cpu-grid.jsonl), on the
 # grid's real configs.
-GRID_CASES = FIXTURES.parent.parent / "scripts" / "release_cases_grid.json"
-
-
-def grid_config(model: str) -> dict[str, Any]:
-    cases = json.loads(GRID_CASES.read_text(encoding="utf-8"))
-    data: dict[str, Any] = next(c["hf_config"] for c in cases if c["id"].startswith(model + "|"))
-    return data
-
-
 def cpu_plan(model: str, version: str, platform: str = "cpu", **settings: Any) -> Any:
     return derive_capacity(
         grid_config(model),

@@ -18,21 +18,20 @@ import pytest
 from exporter.capacity import run_case
 from tests.conftest import GOLDEN
 from tests.support import load_script
-from tests.support.release_records import amx_mla_cannot_run
+from tests.support.release_records import (
+    GRID_CASES,
+    RELEASE_FILES,
+    amx_mla_cannot_run,
+    grid_cases,
+    release_records,
+)
 
-RELEASE_FILES = sorted((GOLDEN / "releases").glob("vllm-*.jsonl"))
 GRID_FILES = [path for path in RELEASE_FILES if path.stem.endswith("-grid")]
-GRID_CASES = Path(__file__).resolve().parents[2] / "scripts" / "release_cases_grid.json"
 _GROUP_FIELDS = ("spec_type", "num_layers", "block_size", "page_size_bytes")
 _EXACT = ("num_gpu_blocks", "block_size", "kv_cache_size_tokens", "max_model_len", "log_lines")
 
 
-def _records(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
-RECORDS = [(path.stem, record) for path in RELEASE_FILES for record in _records(path)]
+RECORDS = [(path.stem, record) for path in RELEASE_FILES for record in release_records(path)]
 
 
 def test_every_release_file_has_records() -> None:
@@ -46,7 +45,7 @@ def _grid_generator() -> ModuleType:
 
 def test_the_grid_cases_are_every_record_of_the_golden_grid() -> None:
     golden = (GOLDEN / "vllm-0.33-capacity.jsonl").read_text(encoding="utf-8").splitlines()
-    cases = json.loads(GRID_CASES.read_text(encoding="utf-8"))
+    cases = grid_cases()
     assert cases == _grid_generator().grid_cases(golden)
     assert len(cases) == len([line for line in golden if line.strip()]) == 225
 
@@ -70,11 +69,11 @@ GRID_PLATFORMS = {"cuda": {"cuda"}, "cpu": {"cpu", "cpu-amx"}}
 
 @pytest.mark.parametrize("path", GRID_FILES, ids=[path.stem for path in GRID_FILES])
 def test_a_grid_file_has_a_record_of_every_case(path: Path) -> None:
-    cases = json.loads(GRID_CASES.read_text(encoding="utf-8"))
     left_out = GRID_LEFT_OUT.get(path.stem, ())
-    expected = [case["id"] for case in cases if not case["id"].startswith(left_out)]
-    assert [record["id"] for record in _records(path)] == expected
-    platforms = {record["platform"] for record in _records(path)}
+    expected = [case["id"] for case in grid_cases() if not case["id"].startswith(left_out)]
+    records = release_records(path)
+    assert [record["id"] for record in records] == expected
+    platforms = {record["platform"] for record in records}
     assert len(platforms) == 1
     assert platforms <= GRID_PLATFORMS[path.stem.split("-")[2]]
 
@@ -129,7 +128,7 @@ def test_kvcap_plans_every_record_as_the_release_did(path: Path) -> None:
     costs (`make check`'s budget); a failure names every record missed and what of it."""
     misses = {
         record["id"]: found
-        for record in _records(path)
+        for record in release_records(path)
         if (found := _misses(run_case(record), record))
     }
     shown = dict(list(misses.items())[:10])

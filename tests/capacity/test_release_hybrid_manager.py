@@ -4,7 +4,6 @@ manager off, and what a release refuses instead of planning."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 import pytest
@@ -13,15 +12,14 @@ from exporter.capacity import EngineSettings, derive_capacity
 from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
 from exporter.errors import UnsupportedConfiguration
 from tests.conftest import GOLDEN
+from tests.support.release_records import release_records
 
 GIB = 2**30
 
 
 def _config(model: str) -> dict[str, Any]:
     """The tiny config.json of a family, as the release records carry it."""
-    path = GOLDEN / "releases" / "vllm-0.32.0-cpu.jsonl"
-    for line in path.read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
+    for record in release_records(GOLDEN / "releases" / "vllm-0.32.0-cpu.jsonl"):
         if record["model"] == model:
             config: dict[str, Any] = record["hf_config"]
             return config

@@ -2,7 +2,38 @@
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
 from typing import Any
+
+from tests.conftest import GOLDEN
+
+RELEASE_FILES = sorted((GOLDEN / "releases").glob("vllm-*.jsonl"))
+# The settings grid every *-grid.jsonl file records (scripts/release_grid_cases.py makes it).
+GRID_CASES = Path(__file__).resolve().parents[2] / "scripts" / "release_cases_grid.json"
+
+
+@functools.cache
+def release_records(path: Path) -> list[dict[str, Any]]:
+    """The records of one release file, read once per test process (never changed)."""
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+@functools.cache
+def grid_cases() -> list[dict[str, Any]]:
+    """The grid's cases, read once per test process (never changed)."""
+    cases: list[dict[str, Any]] = json.loads(GRID_CASES.read_text(encoding="utf-8"))
+    return cases
+
+
+def grid_config(model: str) -> dict[str, Any]:
+    """The config.json of one of the grid's models (its case ids start `model|`)."""
+    config: dict[str, Any] = next(
+        case["hf_config"] for case in grid_cases() if case["id"].startswith(model + "|")
+    )
+    return config
 
 
 def amx_mla_cannot_run(record: dict[str, Any]) -> bool:
