@@ -318,6 +318,8 @@ class _Rendered:
 
 @dataclass(frozen=True, slots=True)
 class Body:
+    """One /metrics answer: its bytes (gzip-compressed where `gzipped`) and content type."""
+
     content: bytes
     content_type: str
     gzipped: bool
