@@ -239,8 +239,11 @@ ENGINE: Table[EngineRow] = Table(
     ),
 )
 
+# The labels of a worker's series: the KV cache bytes and the GPU info join on them.
+WORKER_LABELS = (*ENGINE_LABELS, "worker", "gpu", "uuid")
+
 WORKER: Table[WorkerRow] = Table(
-    (*ENGINE_LABELS, "worker", "gpu", "uuid"),
+    WORKER_LABELS,
     lambda r: (
         r.engine.view.engine,
         r.engine.view.model_name,
@@ -259,7 +262,7 @@ WORKER: Table[WorkerRow] = Table(
 )
 
 ENGINE_GPU: Table[EngineGpu] = Table(
-    (*ENGINE_LABELS, "worker", "gpu", "uuid"),
+    WORKER_LABELS,
     lambda g: (g.engine, g.model_name, str(g.worker), g.gpu, g.uuid),
     (Column("kvcap_engine_gpu_info", "The GPU each worker of an engine runs on; always 1."),),
 )
