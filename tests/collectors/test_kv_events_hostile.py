@@ -284,7 +284,9 @@ def test_concurrent_replays_are_capped() -> None:
             publisher.publish(5, STREAM[0])  # joined mid-stream: a replay from 0
         wait_for(lambda: errors(store, "too_many_replays") == 1, "the replay cap")
         assert collector.replay_slots.active == 2
-        assert sum(len(p.replays) for p in stuck) == 2
+        # The two replays taken reach their publishers' threads a moment after the slots.
+        wait_for(lambda: sum(len(p.replays) for p in stuck) == 2, "two replays asked")
+        assert collector.replay_slots.active == 2
     finally:
         collector.stop(2)
         for publisher in stuck:
