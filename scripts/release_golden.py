@@ -57,6 +57,12 @@ _LOG_WORDS = ("KV cache size", "Maximum concurrency")
 # (e.g. VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE) set while the case plans.
 _NOT_FLAGS = ("available_kv_bytes_per_worker", "env", "num_gpu_blocks_override")
 _LAYER_SPECS: list[bool] = [True]  # records carry every layer's spec (off: --no-layer-specs)
+# --config-code: the checkpoint's own config class (file, class name), loaded as
+# `--trust-remote-code` loads it from a checkpoint's folder; empty: the case's config alone.
+_CONFIG_CODE: list[tuple[Path, str]] = []
+# --config-extra: keys the real checkpoint's config.json has and the case's trimmed one
+# lacks, which a release's model class reads (0.10's Nemotron-H: `rms_norm_eps`).
+_CONFIG_EXTRA: dict[str, Any] = {}
 
 
 class _Capture(logging.Handler):
@@ -191,31 +197,50 @@ def _build_model(vllm_config: Any) -> None:
     import torch
     from vllm.model_executor.model_loader.utils import initialize_model
 
-    with torch.device("meta"), _model_dtype(vllm_config), _cuda_tensors_on_meta():
-        initialize_model(vllm_config=vllm_config)
+    device = "cuda" if _PLATFORM[0] == "cuda" else None
+    try:
+        with torch.device("meta"), _model_dtype(vllm_config), _tensors_on_meta(device):
+            initialize_model(vllm_config=vllm_config)
+    except RuntimeError as error:
+        if device is not None or not str(error).startswith(_META_BESIDE_CPU):
+            raise
+        # On CPU, a layer made a tensor on "cpu" by name beside the meta model (0.10 to
+        # 0.15's DeepSeek YaRN rotary embedding): built again with such tensors on meta,
+        # the build reaches what the release decides next (its MLA refusal). Only a build
+        # that failed so is built again: every other CPU record is made as before.
+        vllm_config.compilation_config.static_forward_context.clear()
+        with torch.device("meta"), _tensors_on_meta("cpu"):
+            initialize_model(vllm_config=vllm_config)
 
 
-def _cuda_tensors_on_meta() -> Any:
-    """On CUDA, a tensor a layer makes on the platform's device by name goes to meta like
-    the rest of the model (0.14's and 0.15's DeepSeek YaRN rotary embedding builds its
-    cos/sin cache with `device=current_platform.device_type`, "cuda", which this CPU torch
-    cannot make: "Torch not compiled with CUDA enabled"). No tensor's values are part of
-    the KV plan; a build that asks for no CUDA tensor is unchanged."""
-    if _PLATFORM[0] != "cuda":
+# torch's words when a tensor made on "cpu" by name meets the model's meta tensors.
+_META_BESIDE_CPU = "Tensor on device meta is not on the expected device cpu"
+
+
+def _tensors_on_meta(device_type: str | None) -> Any:
+    """A tensor a layer makes on `device_type` by name goes to meta like the rest of the
+    model (None: none does). On CUDA, 0.14's and 0.15's DeepSeek YaRN rotary embedding
+    builds its cos/sin cache with `device=current_platform.device_type`, "cuda", which this
+    CPU torch cannot make ("Torch not compiled with CUDA enabled"); on CPU the same cache
+    is made on "cpu" and meets the meta model's tensors. No tensor's values are part of
+    the KV plan; a build that asks for no tensor on that device is unchanged."""
+    if device_type is None:
         return contextlib.nullcontext()
     import torch
 
-    class CudaOnMeta(torch.overrides.TorchFunctionMode):  # type: ignore[misc]
+    class DeviceOnMeta(torch.overrides.TorchFunctionMode):  # type: ignore[misc]
         def __torch_function__(
             self, func: Any, types: Any, args: Any = (), kwargs: Any = None
         ) -> Any:
             kwargs = dict(kwargs or {})
             device = kwargs.get("device")
-            if isinstance(device, (str, torch.device)) and torch.device(device).type == "cuda":
+            if isinstance(device, (str, torch.device)) and torch.device(device).type == (
+                device_type
+            ):
                 kwargs["device"] = "meta"
             return func(*args, **kwargs)
 
-    return CudaOnMeta()
+    return DeviceOnMeta()
 
 
 def _model_dtype(vllm_config: Any) -> Any:
@@ -303,8 +328,11 @@ def run_one(case: dict[str, Any]) -> dict[str, Any]:
     capture = _Capture()
     settings = case["settings"]
     model_dir = Path(tempfile.mkdtemp())
-    (model_dir / "config.json").write_text(json.dumps(case["hf_config"]))
     flags = {k: v for k, v in settings.items() if k not in _NOT_FLAGS}
+    hf_config = {**_CONFIG_EXTRA, **case["hf_config"]}
+    for code, class_name in _CONFIG_CODE:
+        hf_config, flags = _with_config_code(model_dir, hf_config, flags, code, class_name)
+    (model_dir / "config.json").write_text(json.dumps(hf_config))
     record: dict[str, Any] = {
         "id": case["id"],
         "model": case["model"],
@@ -337,6 +365,19 @@ def run_one(case: dict[str, Any]) -> dict[str, Any]:
     finally:
         environment.restore()
     return record
+
+
+def _with_config_code(
+    model_dir: Path, hf_config: dict[str, Any], flags: dict[str, Any], code: Path, name: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A checkpoint folder whose config class is its own code: the file beside config.json
+    as `configuration_<model_type>.py`, named by `auto_map`, and the engine told to trust
+    it (`--trust-remote-code`), as a checkpoint that ships its config code is served. The
+    config's values are the case's; only the class that reads them is the checkpoint's."""
+    module = f"configuration_{hf_config['model_type']}"
+    (model_dir / f"{module}.py").write_text(code.read_text(encoding="utf-8"), encoding="utf-8")
+    hf_config = {**hf_config, "auto_map": {"AutoConfig": f"{module}.{name}"}}
+    return hf_config, {**flags, "trust_remote_code": True}
 
 
 class _Built:
@@ -620,8 +661,18 @@ def _answer_everywhere(homes: tuple[str, ...], answers: dict[str, Any]) -> None:
             importlib.import_module(name)
     for module in list(sys.modules.values()):  # the homes, and modules that bound them by name
         for attr, answer in answers.items():
-            if module is not None and hasattr(module, attr):
+            if module is not None and _binds(module, attr):
                 vars(module)[attr] = answer
+
+
+def _binds(module: Any, attr: str) -> bool:
+    """Whether `module` has `attr`. A lazy module (transformers 5) imports a submodule to
+    answer, which may fail (its Aria image processor needs torchvision, not installed): such
+    a module binds no vLLM function by name, and asking it must not stop the run."""
+    try:
+        return hasattr(module, attr)
+    except ImportError:
+        return False
 
 
 def _cuda_platform() -> None:
@@ -717,9 +768,27 @@ def main() -> int:
         help="leave each layer's spec out of the records (the grid: the groups hold them)",
     )
     parser.add_argument("--only", nargs="+", help="only the cases whose id has one of these")
+    parser.add_argument(
+        "--config-code",
+        metavar="FILE:CLASS",
+        help="the checkpoint's own config class (a configuration_*.py), served with "
+        "--trust-remote-code: for a release whose transformers does not know the model type",
+    )
+    parser.add_argument(
+        "--config-extra",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help="keys the real checkpoint's config.json has and the case's lacks (added where "
+        "absent; the record keeps the case's config)",
+    )
     args = parser.parse_args()
+    _CONFIG_EXTRA.update(args.config_extra)
     _PLATFORM[0] = args.platform if args.platform == "cuda" else _cpu_platform_name()
     _LAYER_SPECS[0] = not args.no_layer_specs
+    if args.config_code:
+        code, _, class_name = args.config_code.rpartition(":")
+        _CONFIG_CODE.append((Path(code), class_name))
     if args.platform == "cuda":
         _cuda_platform()
     elif args.stub_kernels:

