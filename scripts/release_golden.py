@@ -191,31 +191,50 @@ def _build_model(vllm_config: Any) -> None:
     import torch
     from vllm.model_executor.model_loader.utils import initialize_model
 
-    with torch.device("meta"), _model_dtype(vllm_config), _cuda_tensors_on_meta():
-        initialize_model(vllm_config=vllm_config)
+    device = "cuda" if _PLATFORM[0] == "cuda" else None
+    try:
+        with torch.device("meta"), _model_dtype(vllm_config), _tensors_on_meta(device):
+            initialize_model(vllm_config=vllm_config)
+    except RuntimeError as error:
+        if device is not None or not str(error).startswith(_META_BESIDE_CPU):
+            raise
+        # On CPU, a layer made a tensor on "cpu" by name beside the meta model (0.10 to
+        # 0.15's DeepSeek YaRN rotary embedding): built again with such tensors on meta,
+        # the build reaches what the release decides next (its MLA refusal). Only a build
+        # that failed so is built again: every other CPU record is made as before.
+        vllm_config.compilation_config.static_forward_context.clear()
+        with torch.device("meta"), _tensors_on_meta("cpu"):
+            initialize_model(vllm_config=vllm_config)
 
 
-def _cuda_tensors_on_meta() -> Any:
-    """On CUDA, a tensor a layer makes on the platform's device by name goes to meta like
-    the rest of the model (0.14's and 0.15's DeepSeek YaRN rotary embedding builds its
-    cos/sin cache with `device=current_platform.device_type`, "cuda", which this CPU torch
-    cannot make: "Torch not compiled with CUDA enabled"). No tensor's values are part of
-    the KV plan; a build that asks for no CUDA tensor is unchanged."""
-    if _PLATFORM[0] != "cuda":
+# torch's words when a tensor made on "cpu" by name meets the model's meta tensors.
+_META_BESIDE_CPU = "Tensor on device meta is not on the expected device cpu"
+
+
+def _tensors_on_meta(device_type: str | None) -> Any:
+    """A tensor a layer makes on `device_type` by name goes to meta like the rest of the
+    model (None: none does). On CUDA, 0.14's and 0.15's DeepSeek YaRN rotary embedding
+    builds its cos/sin cache with `device=current_platform.device_type`, "cuda", which this
+    CPU torch cannot make ("Torch not compiled with CUDA enabled"); on CPU the same cache
+    is made on "cpu" and meets the meta model's tensors. No tensor's values are part of
+    the KV plan; a build that asks for no tensor on that device is unchanged."""
+    if device_type is None:
         return contextlib.nullcontext()
     import torch
 
-    class CudaOnMeta(torch.overrides.TorchFunctionMode):  # type: ignore[misc]
+    class DeviceOnMeta(torch.overrides.TorchFunctionMode):  # type: ignore[misc]
         def __torch_function__(
             self, func: Any, types: Any, args: Any = (), kwargs: Any = None
         ) -> Any:
             kwargs = dict(kwargs or {})
             device = kwargs.get("device")
-            if isinstance(device, (str, torch.device)) and torch.device(device).type == "cuda":
+            if isinstance(device, (str, torch.device)) and torch.device(device).type == (
+                device_type
+            ):
                 kwargs["device"] = "meta"
             return func(*args, **kwargs)
 
-    return CudaOnMeta()
+    return DeviceOnMeta()
 
 
 def _model_dtype(vllm_config: Any) -> Any:
