@@ -55,6 +55,7 @@ GRID_LEFT_OUT = {
     # 0.10.2's Nemotron-H: transformers 4 does not know `nemotron_h` and 0.10.2 registers no
     # config class for it; with transformers 5 the release fails to import (torchvision).
     "vllm-0.10.2-cuda-grid": ("nemotron-h-8b|",),
+    "vllm-0.10.2-cpu-grid": ("nemotron-h-8b|",),
     # On CPU 0.14/0.15's DeepSeek fails in the runner's meta build ("Tensor on device meta is
     # not on the expected device cpu!") before the release's MLA refusal.
     "vllm-0.15.1-cpu-grid": ("deepseek-v3|",),
