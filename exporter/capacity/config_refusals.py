@@ -144,12 +144,11 @@ def _check_cpu_model_inspection(hf: HfConfig, platform: PlatformRules, release: 
     if hf.model_type not in _FLA_MODEL_TYPES:
         return
     architectures = [arch for arch in hf.raw.get("architectures") or [] if isinstance(arch, str)]
-    raise UnsupportedConfiguration(
-        f"1 validation error for ModelConfig\n  Value error, Model architectures "
-        f"{architectures!r} failed to be inspected. Please check the logs for more details. "
-        "[type=value_error, input_value=ArgsKwargs((), {'model': ...rocessor_plugin': None}), "
-        f"input_type=ArgsKwargs]\n    For further information visit {_PYDANTIC_ERRORS}/value_error",
-        vllm_error_type="ValidationError",
+    raise _validation_error(
+        "ModelConfig",
+        f"Model architectures {architectures!r} failed to be inspected. Please check the logs "
+        "for more details.",
+        arguments="{'model': ...rocessor_plugin': None}",
     )
 
 
@@ -167,13 +166,23 @@ def _check_v0_batched_tokens(hf: HfConfig, settings: EngineSettings) -> None:
         batched = min(_V0_MAX_NUM_SEQS * length, max(length, _V0_MIN_BATCHED_TOKENS))
     if batched >= length:
         return
-    raise UnsupportedConfiguration(
-        f"1 validation error for SchedulerConfig\n  Value error, max_num_batched_tokens "
-        f"({batched}) is smaller than max_model_len ({length}). This effectively limits the "
-        "maximum sequence length to max_num_batched_tokens and makes vLLM reject longer "
-        "sequences. Please increase max_num_batched_tokens or decrease max_model_len. "
-        "[type=value_error, input_value=ArgsKwargs((), {'runner_t...ync_scheduling': False}), "
-        f"input_type=ArgsKwargs]\n    For further information visit {_PYDANTIC_ERRORS}/value_error",
+    raise _validation_error(
+        "SchedulerConfig",
+        f"max_num_batched_tokens ({batched}) is smaller than max_model_len ({length}). This "
+        "effectively limits the maximum sequence length to max_num_batched_tokens and makes "
+        "vLLM reject longer sequences. Please increase max_num_batched_tokens or decrease "
+        "max_model_len.",
+        arguments="{'runner_t...ync_scheduling': False}",
+    )
+
+
+def _validation_error(config: str, text: str, *, arguments: str) -> UnsupportedConfiguration:
+    """A config class's ValueError as pydantic reports it: `arguments` is pydantic's shortened
+    repr of the class's keyword arguments, the same for every case (their middle is cut)."""
+    return UnsupportedConfiguration(
+        f"1 validation error for {config}\n  Value error, {text} [type=value_error, "
+        f"input_value=ArgsKwargs((), {arguments}), input_type=ArgsKwargs]\n"
+        f"    For further information visit {_PYDANTIC_ERRORS}/value_error",
         vllm_error_type="ValidationError",
     )
 
