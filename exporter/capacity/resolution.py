@@ -50,7 +50,7 @@ def resolve_engine(hf: HfConfig, settings: EngineSettings) -> ResolvedEngine:
     derived_len = hf.default_max_model_len()
     max_model_len = _resolve_max_model_len(hf, settings, release.rules)
     layout, family_name, settings = _release_layout(hf, settings, release.rules)
-    refuse_layout(layout, rules, release.rules)
+    refuse_layout(hf, settings, layout, rules, release.rules)
     return ResolvedEngine(
         hf=hf,
         settings=settings,

