@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from exporter.capacity.families import AttentionLayer, MambaLayer, ModelLayout
 from exporter.capacity.hf_config import HfConfig
+from exporter.capacity.mla_prefill import refuse_mla_prefill
 from exporter.capacity.platforms import CPU_AMX, PlatformRules
 from exporter.capacity.releases import RuleSet
 from exporter.capacity.settings import EngineSettings
@@ -38,6 +39,8 @@ def refuse_settings(
     _check_cpu_quantized_kv(settings, platform, release)
     _check_cpu_mla(hf, platform, release)
     _check_cpu_moe(hf, platform, release, settings.tensor_parallel_size)
+    # The model's build: its first MLA attention layer picks the prefill backend.
+    refuse_mla_prefill(hf, settings, platform, release)
 
 
 def refuse_layout(layout: ModelLayout, platform: PlatformRules, release: RuleSet) -> None:

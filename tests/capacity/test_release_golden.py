@@ -146,6 +146,10 @@ _ENTRY_EDGES = (
         "|mnbt-default|mem-42949672960|ovr-none",
         "0.26.0",
     ),
+    # 0.26.0: CUDA's MLA prefill refuses head dims FlashAttention lacks, both ways (the
+    # tiny DeepSeek-V2, 32/64/32: 0.25.1 plans it).
+    ("vllm-0.25.1-cuda", "deepseek-v2|mml-4096|mnbt-default|mem-1GiB", "0.26.0"),
+    ("vllm-0.26.0-cuda", "deepseek-v2|mml-4096|mnbt-default|mem-1GiB", "0.25.1"),
     # 0.28.0: the one-line log.
     (
         "vllm-0.27.1-cuda-grid",
