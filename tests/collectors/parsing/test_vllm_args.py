@@ -373,10 +373,11 @@ def test_every_flag_fills_a_field() -> None:
     fields = {field.name for field in dataclasses.fields(VllmServeArgs)}
     assert {field for field, _ in vllm_args._FLAGS.values()} <= fields
     assert {field for field, _ in vllm_args._BOOLEANS.values()} <= fields
-    # Every capacity setting can be given on the command line, except the platform and the
-    # release: no `vllm serve` flag names them (the engine's labels and /version do).
+    # Every capacity setting can be given on the command line, except the platform, the
+    # release and the GPU's compute capability: no `vllm serve` flag names them (the
+    # engine's labels, /version and the GPU do).
     settings = {field.name for field in dataclasses.fields(EngineSettings)}
-    settings -= {"platform", "vllm_version"}
+    settings -= {"platform", "vllm_version", "cuda_compute_capability"}
     assert settings <= fields
 
 
