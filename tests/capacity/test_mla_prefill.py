@@ -17,7 +17,7 @@ from exporter.capacity.mla_prefill import selector_refusal
 from exporter.capacity_cli.memory import GPU_COMPUTE_CAPABILITY
 from exporter.errors import UnsupportedConfiguration
 from tests.conftest import GOLDEN
-from tests.support.release_records import release_records
+from tests.support.release_records import release_record, release_records
 
 GIB = 2**30
 TINY_ID = "deepseek-v2|mml-4096|mnbt-default|mem-1GiB"
@@ -27,9 +27,7 @@ SELECTOR_RECORDS = release_records(GOLDEN / "releases" / "selectors" / "mla-pref
 
 
 def _tiny_record(version: str) -> dict[str, Any]:
-    path = GOLDEN / "releases" / f"vllm-{version}-cuda.jsonl"
-    (record,) = [record for record in release_records(path) if record["id"] == TINY_ID]
-    return record
+    return release_record(f"vllm-{version}-cuda.jsonl", TINY_ID)
 
 
 def _dsv2(nope: int, rope: int, v: int) -> dict[str, Any]:
