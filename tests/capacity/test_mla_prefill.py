@@ -107,6 +107,17 @@ def test_a_dim_the_config_does_not_give_is_not_guessed() -> None:
     _plan(config, "0.32.0")
 
 
+@pytest.mark.parametrize("dims", [(128, 64, 128), (32, 64, 32)])
+def test_a_float32_model_meets_the_attention_backends_refusal_first(
+    dims: tuple[int, int, int],
+) -> None:
+    # No MLA prefill backend takes float32, but the layer picks its attention backend
+    # before its prefill backend, and no MLA attention backend takes a float32 cache.
+    message = _refusal_any(_dsv2(*dims), "0.32.0", dtype="float32")
+    assert "float32" in message
+    assert "MLA prefill" not in message
+
+
 def test_vllm_cpu_chooses_its_own_prefill() -> None:
     _plan(_dsv2(32, 64, 32), "0.32.0", platform="cpu")
 
