@@ -16,7 +16,6 @@ FlashInfer's two names the Blackwell backends import to check they are installed
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.machinery
 import inspect
 import json
@@ -70,9 +69,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="the JSONL file to append to")
     args = parser.parse_args()
     major, minor = (int(part) for part in args.capability.split("."))
-    release_golden._H100 = dataclasses.replace(release_golden._H100, capability=(major, minor))
     _flashinfer_installed()
-    release_golden._cuda_platform()
+    release_golden._cuda_platform(capability=(major, minor))
     import torch
     import vllm
     from vllm.v1.attention.backends.mla.prefill import selector

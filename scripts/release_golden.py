@@ -587,12 +587,12 @@ class _NoStream:
         return lambda *args, **kwargs: None
 
 
-def _torch_cuda_h100() -> None:
+def _torch_cuda_h100(capability: tuple[int, int]) -> None:
     """What the CUDA runtime says of the device, for the modules that ask torch.cuda
     directly (flash_linear_attention's Hopper check, side streams)."""
     import torch
 
-    major, minor = _H100.capability
+    major, minor = capability
     properties = types.SimpleNamespace(
         name=_H100.name,
         major=major,
@@ -678,16 +678,18 @@ def _binds(module: Any, attr: str) -> bool:
         return False
 
 
-def _cuda_platform() -> None:
+def _cuda_platform(capability: tuple[int, int] = _H100.capability) -> None:
     """The release's own CudaPlatform stands in for one H100 (compute capability 9.0,
-    80 GiB, 132 SMs): only what NVML / the CUDA runtime would tell it is answered here."""
+    80 GiB, 132 SMs): only what NVML / the CUDA runtime would tell it is answered here.
+    `capability` answers as another GPU's (scripts/mla_prefill_golden.py); the rest stays
+    the H100's."""
     _triton_active()
     from vllm import platforms
 
     _cuda_wheel(platforms)
     sys.meta_path.append(_CompiledStubs())
     _stub_kernels()
-    _torch_cuda_h100()
+    _torch_cuda_h100(capability)
     from vllm.platforms import cuda
     from vllm.platforms.interface import DeviceCapability
 
@@ -695,7 +697,7 @@ def _cuda_platform() -> None:
     # modules that bound it by name are pointed at the H100 below.
     resolved_before = platforms._current_platform
     base = getattr(cuda, "NonNvmlCudaPlatform", cuda.CudaPlatform)
-    major, minor = _H100.capability
+    major, minor = capability
 
     class H100(base):  # type: ignore[misc, valid-type]
         @classmethod

@@ -32,6 +32,7 @@ _DEEPSEEK: MlaDims = (128, 64, 128)
 _GLM5: MlaDims = (192, 64, 256)
 _TRTLLM_RAGGED_DIMS = (_DEEPSEEK, _GLM5)
 _FLASHINFER_DIMS = (_DEEPSEEK,)
+_TOKENSPEED_DIMS = (_DEEPSEEK,)
 _TOKENSPEED_HINT = (
     "tokenspeed_mla package is not installed. Install it with: `uv pip install tokenspeed-mla`"
 )
@@ -70,7 +71,7 @@ def selector_refusal(
         reasons["TRTLLM_RAGGED"] = _reasons(dtype, dims, _TRTLLM_RAGGED_DIMS)
         reasons["FLASHINFER"] = _reasons(dtype, dims, _FLASHINFER_DIMS)
         reasons["TOKENSPEED_MLA"] = _reasons(
-            dtype, dims, _FLASHINFER_DIMS, missing_package=_TOKENSPEED_HINT
+            dtype, dims, _TOKENSPEED_DIMS, missing_package=_TOKENSPEED_HINT
         )
     if any(not found for found in reasons.values()):
         return None  # a backend takes it
@@ -84,10 +85,9 @@ def selector_refusal(
 def _mla_dims(hf: HfConfig) -> MlaDims | None:
     """The three head dims, None where config.json lacks one (the config class's own default
     then decides, which kvcap does not read)."""
-    values = [hf.optional_int(name) for name in _DIM_NAMES]
-    if any(value is None for value in values):
+    if not all(hf.has(name) for name in _DIM_NAMES):
         return None
-    nope, rope, v = (int(value or 0) for value in values)
+    nope, rope, v = (hf.get_int(name) for name in _DIM_NAMES)
     return nope, rope, v
 
 

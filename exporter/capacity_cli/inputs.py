@@ -145,8 +145,7 @@ def inputs_for(
     settings = dataclasses.replace(
         to_engine_settings(vllm), platform=platform, vllm_version=args.vllm_version
     )
-    settings = _gpu_batch_default(args, vllm, settings)
-    settings = _gpu_compute_capability(args, settings)
+    settings = _named_gpu_defaults(args, vllm, settings)
     memory = kv_memory(args, vllm, settings, model, config)
     return CapacityInputs(
         vllm_version=release.version,
@@ -161,29 +160,24 @@ def inputs_for(
     )
 
 
-def _gpu_batch_default(
+def _named_gpu_defaults(
     args: argparse.Namespace, vllm: VllmServeArgs, settings: EngineSettings
 ) -> EngineSettings:
-    """A named GPU settles `vllm serve`'s --max-num-batched-tokens default (2048 on an A100,
-    L4 or L40S; 8192 on an H100): the plan then uses what vLLM would."""
-    if args.gpu_memory is None or vllm.max_num_batched_tokens is not None:
-        return settings
-    if settings.platform != PLATFORM:
+    """A named GPU settles what vLLM takes from it: `vllm serve`'s --max-num-batched-tokens
+    default (2048 on an A100, L4 or L40S; 8192 on an H100), so the plan uses what vLLM
+    would, and its compute capability, which picks vLLM's MLA prefill backends
+    (capacity/mla_prefill.py). A size in GiB leaves the CUDA platform's H100-class GPU."""
+    if args.gpu_memory is None or settings.platform != PLATFORM:
         return settings
     gpu = parse_gpu_memory(args.gpu_memory)
     if gpu.name is None:
         return settings
-    batched, _ = default_batch_limits(gpu.total_bytes, gpu.name)
-    return dataclasses.replace(settings, max_num_batched_tokens=batched)
-
-
-def _gpu_compute_capability(args: argparse.Namespace, settings: EngineSettings) -> EngineSettings:
-    """A named GPU settles its compute capability, which picks vLLM's MLA prefill backends
-    (capacity/mla_prefill.py); a size in GiB leaves the CUDA platform's H100-class GPU."""
-    if args.gpu_memory is None or settings.platform != PLATFORM:
-        return settings
-    capability = parse_gpu_memory(args.gpu_memory).compute_capability
-    return dataclasses.replace(settings, cuda_compute_capability=capability)
+    batched = settings.max_num_batched_tokens
+    if vllm.max_num_batched_tokens is None:
+        batched, _ = default_batch_limits(gpu.total_bytes, gpu.name)
+    return dataclasses.replace(
+        settings, max_num_batched_tokens=batched, cuda_compute_capability=gpu.compute_capability
+    )
 
 
 def _release(version: str | None) -> ReleaseRules:

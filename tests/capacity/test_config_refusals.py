@@ -11,15 +11,13 @@ from typing import Any
 import pytest
 
 from exporter.capacity import run_case
-from tests.conftest import GOLDEN
-from tests.support.release_records import release_records
+from tests.support.release_records import release_record
 
 LLAMA_ID = "llama-3.1-8b|tp1|pp1|kv-auto|bs-default|mml--1|mnbt-default|mem-10737418240|ovr-none"
 
 
 def _llama_minus_one(**changes: Any) -> dict[str, Any]:
-    path = GOLDEN / "releases" / "vllm-0.12.0-cuda-grid.jsonl"
-    (record,) = [record for record in release_records(path) if record["id"] == LLAMA_ID]
+    record = release_record("vllm-0.12.0-cuda-grid.jsonl", LLAMA_ID)
     settings = {**record["settings"], **changes.pop("settings", {})}
     return {**record, **changes, "settings": settings}
 

@@ -13,16 +13,14 @@ import pytest
 
 from exporter.capacity import EngineSettings, derive_capacity
 from exporter.errors import UnsupportedConfiguration
-from tests.conftest import GOLDEN
-from tests.support.release_records import release_records
+from tests.support.release_records import release_record
 
 GIB = 2**30
 CASE_ID = "deepseek-v2-mla128-no-n-group|mml-4096|mnbt-default|mem-1GiB"
 
 
 def _config() -> dict[str, Any]:
-    path = GOLDEN / "releases" / "vllm-0.32.0-cuda.jsonl"
-    (record,) = [record for record in release_records(path) if record["id"] == CASE_ID]
+    record = release_record("vllm-0.32.0-cuda.jsonl", CASE_ID)
     config: dict[str, Any] = copy.deepcopy(record["hf_config"])
     assert "n_group" not in config
     assert "topk_group" not in config

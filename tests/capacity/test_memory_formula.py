@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from exporter.capacity_cli.memory import (
+    GPU_COMPUTE_CAPABILITY,
     GPU_MEMORY_MIB,
     GPU_USABLE_GIB,
     default_gpu_memory_utilization,
@@ -51,6 +52,12 @@ def test_every_gpu_reports_less_to_cuda_than_to_nvidia_smi() -> None:
     assert parse_gpu_memory("H100").total_bytes == int(79.18 * GIB)
     assert parse_gpu_memory("rtx-3090").name == "RTX 3090"
     assert parse_gpu_memory("80").total_bytes == 80 * GIB  # a size given is taken as is
+
+
+def test_every_named_gpu_has_its_compute_capability() -> None:
+    assert GPU_COMPUTE_CAPABILITY.keys() == GPU_MEMORY_MIB.keys()
+    assert parse_gpu_memory("B200 180GB").compute_capability == (10, 0)
+    assert parse_gpu_memory("80").compute_capability is None  # a size names no GPU
 
 
 @pytest.mark.parametrize("text", ["", "-1", "nan", "1e9", "H100 " * 40, "A100"])

