@@ -40,7 +40,7 @@ from exporter.capacity_cli.log_reproduction import (
     reproduce_engine,
 )
 from exporter.collectors.parsing import parse_vllm_serve_args, to_engine_settings
-from exporter.collectors.parsing.vllm_args import config_tokens
+from exporter.collectors.parsing.vllm_args import mapping_tokens
 from exporter.errors import ConfigError, KvcapError
 from exporter.model_config import ResolvedModel, load_model_config, resolve_model
 
@@ -211,10 +211,11 @@ def _settings(
         settings = EngineSettings(platform=platform, vllm_version=version)
         source = "no 'non-default args' line: vLLM's defaults, max_model_len as logged"
     else:
-        document = json.dumps(log.non_default_args, default=str)
-        # JSON is YAML: the dict reads as vLLM's --config file does, flag by flag.
+        # Through JSON (what is not JSON as its text), the dict reads as vLLM's --config
+        # file does, flag by flag.
+        document = json.loads(json.dumps(log.non_default_args, default=str))
         try:
-            tokens = config_tokens("non-default args", lambda _: document)
+            tokens = mapping_tokens(document)
             parsed = parse_vllm_serve_args(["serve", *tokens])
         except KvcapError as error:  # the log's values, not this command line, are wrong
             raise ConfigError(f"the log's non-default args: {error}") from None

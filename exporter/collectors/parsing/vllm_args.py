@@ -266,6 +266,11 @@ def config_tokens(path: str, read_config: Callable[[str], str]) -> list[str]:
         raise FileRefused(
             "file_malformed", f"--config {path}: must be a mapping of flag names to values"
         )
+    return mapping_tokens(document)
+
+
+def mapping_tokens(document: dict[object, object]) -> list[str]:
+    """The flags a mapping of flag names to values stands for, as a config file's are."""
     tokens: list[str] = []
     for key, value in document.items():
         flag = "--" + str(key).replace("_", "-")
