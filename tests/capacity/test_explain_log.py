@@ -7,6 +7,7 @@ release's own code (tests/fixtures/golden/releases/) and are put into a minimal 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -83,10 +84,14 @@ def _amx_host_lines(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _log_misses(stem: str, record: dict[str, Any], model: Path) -> list[str]:
+def _log_misses(stem: str, record: dict[str, Any], models: Path) -> list[str]:
     """What of `record`'s start-up log the explanation does not reproduce ([]: all of it).
-    `model` is the folder of its config.json, written again for each record."""
-    (model / "config.json").write_text(json.dumps(record["hf_config"]))
+    Its config.json is written into a folder of `models` named by its text, once a config."""
+    config = json.dumps(record["hf_config"])
+    model = models / hashlib.sha256(config.encode()).hexdigest()[:16]
+    if not model.is_dir():
+        model.mkdir()
+        (model / "config.json").write_text(config)
     explanation = explain(golden_log(record), source=stem, model=str(model))
     (engine,) = explanation.engines
     if not engine.reproduced or engine.result is None:
