@@ -38,6 +38,7 @@ def refuse_settings(
     _check_cpu_quantized_kv(settings, platform, release)
     _check_cpu_mla(hf, platform, release)
     _check_cpu_moe(hf, platform, release, settings.tensor_parallel_size)
+    _check_gemma3_tied_embeddings(hf, release)
 
 
 def refuse_layout(layout: ModelLayout, platform: PlatformRules, release: RuleSet) -> None:
@@ -165,6 +166,15 @@ def _check_cpu_moe(hf: HfConfig, platform: PlatformRules, release: RuleSet, tp: 
         "No Unquantized MoE backend supports the deployment configuration.",
         vllm_error_type="NotImplementedError",
     )
+
+
+def _check_gemma3_tied_embeddings(hf: HfConfig, release: RuleSet) -> None:
+    """Gemma3ForCausalLM up to 0.13 asserts tied embeddings while it is built (a bare
+    AssertionError, no message); transformers' Gemma 3 config ties them unless told not to."""
+    if not release.gemma3_asserts_tied_embeddings or hf.architecture != "Gemma3ForCausalLM":
+        return
+    if hf.raw.get("tie_word_embeddings", True) is False:
+        raise UnsupportedConfiguration("", vllm_error_type="AssertionError")
 
 
 def _packs_conv1d(platform: PlatformRules, release: RuleSet) -> bool:

@@ -165,6 +165,10 @@ VARIED_LEFT_OUT = {
     # the grid: 0.24 and 0.25 refuse transformers 4.
     "vllm-0.24.0-cuda-varied": ("granite_4_h",),
     "vllm-0.25.1-cuda-varied": ("granite_4_h",),
+    # 0.10.2: Nemotron-H as in its grid (transformers 4 does not know it, and with 5 the
+    # release fails to import); DeepSeek's class reads `moe_layer_freq`, which real
+    # checkpoints have and the live family's tiny config leaves out (AttributeError).
+    "vllm-0.10.2-cuda-varied": ("nemotron_h", "deepseek_mla"),
 }
 
 
@@ -197,6 +201,10 @@ def test_no_release_and_no_rule_reads_the_vocabulary(path: Path) -> None:
     assert run_case(large)["result"] == run_case(small)["result"]
 
 
+# The live family's Gemma 3 (untied embeddings, as every live config) among the varied cases.
+_GEMMA3 = "gemma3|tp1|bs-default|mml-4096|mnbt-default|mem-1GiB"
+
+
 # Where a rule entry starts, the grid of the release beside it (before or after) plans one
 # of these cases otherwise: planned with that neighbour's rules, kvcap misses the record, so
 # the entry's release is where the grid first shows the change (releases.py says which).
@@ -225,6 +233,9 @@ _ENTRY_EDGES = (
         "llama-3.1-8b|tp1|pp1|kv-auto|bs-default|mml--1|mnbt-default|mem-10737418240|ovr-none",
         "0.28.0",
     ),
+    # 0.14.0: Gemma 3 with untied embeddings is built (0.13.0 asserts them tied), both ways.
+    ("vllm-0.13.0-cuda-varied", _GEMMA3, "0.14.0"),
+    ("vllm-0.15.1-cuda-varied", _GEMMA3, "0.13.0"),
     # 0.32.0: the Mamba2 prefill checkpoint block (0.31.0 has none).
     (
         "vllm-0.31.0-cuda-grid",

@@ -24,9 +24,22 @@ _NO_MLA_PREFILL = "the release refuses MLA prefill for qk_rope_head_dim 32; kvca
 # The releases whose CUDA MLA prefill selection refuses it (from 0.26.0, as the tiny
 # DeepSeek-V2's; the README there).
 _MLA_PREFILL_REFUSERS = ("0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0")
+_MLA_RANK_256 = "deepseek_mla.kv_lora_rank=256|tp1|bs-default|mml-4096|mnbt-default|mem-1GiB"
+# Up to 0.17 every CUDA MLA backend takes a latent of 576 only (kv_lora_rank 512 + rope 64:
+# MLACommonBackend.get_supported_head_sizes); 0.18 adds 320 and Triton MLA takes any. The
+# release's selector refuses the others ("No valid attention backend found ..."), in words
+# that change by release and name FlashInfer's ImportError here; kvcap plans them.
+_NO_MLA_DECODE = "the release's MLA backends take a 576-wide latent only; kvcap plans it"
+_MLA_576_ONLY = ("0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1")
 NOT_EXACT: dict[str, dict[str, str]] = {
-    f"vllm-{release}-cuda-varied": {_MLA_ROPE_32: _NO_MLA_PREFILL}
-    for release in _MLA_PREFILL_REFUSERS
+    **{
+        f"vllm-{release}-cuda-varied": {_MLA_ROPE_32: _NO_MLA_PREFILL}
+        for release in _MLA_PREFILL_REFUSERS
+    },
+    **{
+        f"vllm-{release}-cuda-varied": {_MLA_RANK_256: _NO_MLA_DECODE, _MLA_ROPE_32: _NO_MLA_DECODE}
+        for release in _MLA_576_ONLY
+    },
 }
 
 
