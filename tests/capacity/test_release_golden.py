@@ -246,7 +246,7 @@ _ENTRY_EDGES = (
     ),
     # 0.14.0: Gemma 3 with untied embeddings is built (0.13.0 asserts them tied), both ways.
     ("vllm-0.13.0-cuda-varied", _GEMMA3, "0.14.0"),
-    ("vllm-0.15.1-cuda-varied", _GEMMA3, "0.13.0"),
+    ("vllm-0.14.1-cuda-varied", _GEMMA3, "0.13.0"),
     # 0.32.0: the Mamba2 prefill checkpoint block (0.31.0 has none).
     (
         "vllm-0.31.0-cuda-grid",
