@@ -175,6 +175,7 @@ VARIED_LEFT_OUT = {
     # Granite 4.0-H's model class under transformers 5 (KeyError: 'linear_attention'), as in
     # the grid: 0.24 and 0.25 refuse transformers 4.
     "vllm-0.24.0-cuda-varied": ("granite_4_h",),
+    "vllm-0.24.0-cpu-varied": ("granite_4_h",),
     "vllm-0.25.1-cuda-varied": ("granite_4_h",),
     # 0.10.2: Nemotron-H as in its grid (transformers 4 does not know it, and with 5 the
     # release fails to import); DeepSeek's class reads `moe_layer_freq`, which real
