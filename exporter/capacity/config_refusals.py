@@ -61,6 +61,7 @@ def refuse_settings(
     # first MoE layer builds the router.
     refuse_mla_prefill(hf, settings, platform, release)
     _check_expert_groups(hf, platform, release)
+    _check_gemma3_tied_embeddings(hf, release)
 
 
 def _runs_on_v0_engine(
@@ -288,6 +289,15 @@ def _check_expert_groups(hf: HfConfig, platform: PlatformRules, release: RuleSet
         "num_expert_group and topk_group must be provided when use_grouped_topk is True",
         vllm_error_type="ValueError",
     )
+
+
+def _check_gemma3_tied_embeddings(hf: HfConfig, release: RuleSet) -> None:
+    """Gemma3ForCausalLM up to 0.13 asserts tied embeddings while it is built (a bare
+    AssertionError, no message); transformers' Gemma 3 config ties them unless told not to."""
+    if not release.gemma3_asserts_tied_embeddings or hf.architecture != "Gemma3ForCausalLM":
+        return
+    if hf.raw.get("tie_word_embeddings", True) is False:
+        raise UnsupportedConfiguration("", vllm_error_type="AssertionError")
 
 
 def _packs_conv1d(platform: PlatformRules, release: RuleSet) -> bool:

@@ -215,6 +215,9 @@ class RuleSet:
     # model dtype, as for other Mamba2 models, unless --mamba-ssm-cache-dtype says).
     nemotron_h_config_ssm_dtype: bool = False
     log_per_worker: LogPerWorker = "both_per_worker"
+    # Gemma3ForCausalLM asserts `config.tie_word_embeddings` while it is built (a bare
+    # AssertionError for an untied config; gemma3.py up to 0.13).
+    gemma3_asserts_tied_embeddings: bool = True
 
     @property
     def name(self) -> str:
@@ -322,12 +325,16 @@ _CHANGES: tuple[_Change, ...] = (
     # and the memory check and the fit count the KV cache groups, group 0's blocks alone
     # (_max_memory_usage_bytes_from_groups; 0.13.0's check_enough_kv_cache_memory summed
     # every layer's own spec), the GiB figures as Python rounds them.
+    # Gemma 3 takes untied embeddings (#30827: Gemma3ForCausalLM builds its own lm_head;
+    # 0.13.0's asserts them tied; found by the varied configs).
     _change(
         (0, 14, 0),
-        ("#29627", "#29431"),
+        ("#29627", "#29431", "#30827"),
         source="envs.py VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE; "
         "v1/core/kv_cache_utils.py _auto_fit_max_model_len, "
-        "_max_memory_usage_bytes_from_groups, _check_enough_kv_cache_memory (0.14.1)",
+        "_max_memory_usage_bytes_from_groups, _check_enough_kv_cache_memory; "
+        "model_executor/models/gemma3.py Gemma3ForCausalLM.__init__ (0.14.1)",
+        gemma3_asserts_tied_embeddings=False,
         chunked_local_hybrid_off=False,
         memory_check_all_groups=False,
         memory_check_layer_specs=False,

