@@ -7,9 +7,12 @@ chosen by what the release has (a function, a method), not by its version number
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
 import sys
 import tempfile
+import types
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -164,6 +167,50 @@ def stand_in_ipex() -> None:
     root.mkdir()
     (root / "__init__.py").write_text(_IPEX_STAND_IN)
     sys.path.insert(0, str(root.parent))
+
+
+class _FlashInferStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """`flashinfer` and its submodules as a stock CUDA install has them (the CUDA wheel
+    depends on FlashInfer): every name imported from them is a placeholder planning never
+    calls, so the attention backends that import FlashInfer give their own reasons."""
+
+    def find_spec(
+        self, fullname: str, path: Any = None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "flashinfer" and not fullname.startswith("flashinfer."):
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = _PlaceholderModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+class _PlaceholderModule(types.ModuleType):
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Placeholder
+
+
+class _Placeholder:
+    """Any FlashInfer name: a class, so module-level annotations (`X | None`, `X[...]`)
+    evaluate; calling it is an error, as planning calls no kernel."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a FlashInfer stand-in was called: planning calls no kernel")
+
+    def __class_getitem__(cls, item: Any) -> type[_Placeholder]:
+        return cls
+
+
+def stand_in_flashinfer() -> None:
+    """Make `flashinfer` importable (_FlashInferStandIn)."""
+    sys.meta_path.insert(0, _FlashInferStandIn())
 
 
 def backend_name(backend: Any) -> str:

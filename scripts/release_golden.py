@@ -768,6 +768,12 @@ def main() -> int:
         "stand-in, so the CPU platform plans as it does with IPEX installed",
     )
     parser.add_argument(
+        "--stub-flashinfer",
+        action="store_true",
+        help="FlashInfer as a stock CUDA install has it (a stand-in whose functions are never "
+        "called), so its attention backends give their own reasons rather than ImportError",
+    )
+    parser.add_argument(
         "--no-layer-specs",
         action="store_true",
         help="leave each layer's spec out of the records (the grid: the groups hold them)",
@@ -800,6 +806,8 @@ def main() -> int:
         _stub_kernels()
     if args.stub_ipex:
         release_compat.stand_in_ipex()
+    if args.stub_flashinfer:
+        release_compat.stand_in_flashinfer()
     if args.platform != "cuda":
         _host_memory_of_the_grid()
     # The KV memory of every case is its own available_kv_bytes_per_worker; this only keeps

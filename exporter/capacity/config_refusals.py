@@ -5,6 +5,7 @@ from __future__ import annotations
 from exporter.capacity.families import MambaLayer, ModelLayout
 from exporter.capacity.families.attention import sliding_window
 from exporter.capacity.hf_config import HfConfig
+from exporter.capacity.mla_latent import refuse_mla_latent
 from exporter.capacity.mla_prefill import refuse_mla_prefill
 from exporter.capacity.platforms import CPU_AMX, PlatformRules
 from exporter.capacity.releases import RuleSet
@@ -57,8 +58,9 @@ def refuse_settings(
     _check_cpu_quantized_kv(settings, platform, release, chunked_prefill=not on_v0)
     _check_cpu_mla(hf, platform, release)
     _check_cpu_moe(hf, platform, release, settings.tensor_parallel_size)
-    # The model's build: its first MLA attention layer picks the prefill backend, then its
-    # first MoE layer builds the router.
+    # The model's build: its first MLA attention layer picks its attention backend and its
+    # prefill backend, then its first MoE layer builds the router.
+    refuse_mla_latent(hf, settings, platform, release)
     refuse_mla_prefill(hf, settings, platform, release)
     _check_expert_groups(hf, platform, release)
     _check_gemma3_tied_embeddings(hf, release)

