@@ -15,16 +15,13 @@ is installed (the CUDA wheel depends on it), so FLASHINFER_MLA gives its own rea
 from __future__ import annotations
 
 from exporter.capacity.hf_config import HfConfig
-from exporter.capacity.mla_prefill import HOPPER
-from exporter.capacity.platforms import PlatformRules
+from exporter.capacity.mla_prefill import BLACKWELL_MAJOR, HOPPER, MLA_DTYPES
+from exporter.capacity.platforms import FLASHMLA_BLOCK, PlatformRules
 from exporter.capacity.releases import RuleSet
 from exporter.capacity.settings import EngineSettings
 from exporter.errors import UnsupportedConfiguration
 
 _LATENT = 576
-_DTYPES = frozenset({"float16", "bfloat16"})
-_FLASHMLA_BLOCK = 64
-_BLACKWELL_MAJOR = 10
 # The backends tried, in order (platforms/cuda.py _get_backend_priorities, non-sparse MLA),
 # and the compute capability majors each takes (`supports_compute_capability`; None: any).
 _HOPPER_ORDER = ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA", "FLASHMLA_SPARSE")
@@ -58,10 +55,10 @@ def refuse_mla_latent(
         return
     latent = hf.get_int("kv_lora_rank") + hf.get_int("qk_rope_head_dim")
     dtype = hf.model_dtype(settings.dtype)
-    if latent == _LATENT or dtype not in _DTYPES or settings.kv_cache_dtype != "auto":
+    if latent == _LATENT or dtype not in MLA_DTYPES or settings.kv_cache_dtype != "auto":
         return
     capability = settings.cuda_compute_capability or HOPPER
-    order = _BLACKWELL_ORDER if capability[0] == _BLACKWELL_MAJOR else _HOPPER_ORDER
+    order = _BLACKWELL_ORDER if capability[0] == BLACKWELL_MAJOR else _HOPPER_ORDER
     reasons = ", ".join(f"{name}: [{', '.join(_reasons(name, capability))}]" for name in order)
     kv = settings.kv_cache_dtype
     if words == "fields":
@@ -99,6 +96,6 @@ def _block_asked(settings: EngineSettings, release: RuleSet) -> int:
     """The block size the platform set before the backend choice (0.11, 0.12): FlashMLA's 64,
     or --block-size where it is a multiple of it."""
     block = settings.block_size
-    if release.cuda_mla_block == "flashmla_64" or block is None or block % _FLASHMLA_BLOCK:
-        return _FLASHMLA_BLOCK
+    if release.cuda_mla_block == "flashmla_64" or block is None or block % FLASHMLA_BLOCK:
+        return FLASHMLA_BLOCK
     return block

@@ -23,9 +23,10 @@ from exporter.errors import UnsupportedConfiguration
 
 # The GPU kvcap's CUDA platform plans for when none is named: an H100-class GPU.
 HOPPER = (9, 0)
-_BLACKWELL_MAJOR = 10
-# The dtypes every MLA prefill backend takes (base.py MLAPrefillBackend.supported_dtypes).
-_PREFILL_DTYPES = frozenset({"float16", "bfloat16"})
+BLACKWELL_MAJOR = 10
+# The dtypes every MLA prefill backend takes (base.py MLAPrefillBackend.supported_dtypes),
+# as every MLA attention backend does (mla_latent).
+MLA_DTYPES = frozenset({"float16", "bfloat16"})
 # The other backends Blackwell tries after FlashAttention, and the dims each takes
 # (`supported_mla_dimensions`, the same in 0.26.0 and 0.32.0).
 _DEEPSEEK: MlaDims = (128, 64, 128)
@@ -52,7 +53,7 @@ def refuse_mla_prefill(
         return  # sparse MLA (DeepSeek-V3.2, GLM-5): without a prefill backend it uses top-k MQA
     dims = _mla_dims(hf)
     dtype = hf.model_dtype(settings.dtype)
-    if dims is None or dtype not in _PREFILL_DTYPES:
+    if dims is None or dtype not in MLA_DTYPES:
         return
     capability = settings.cuda_compute_capability or HOPPER
     message = selector_refusal(dtype, dims, capability, release)
@@ -67,7 +68,7 @@ def selector_refusal(
     dtype and head dims, else its ValueError's message."""
     accepted = release.cuda_mla_prefill_fa_dims or (dims,)  # (): FlashAttention takes any
     reasons = {"FLASH_ATTN": _reasons(dtype, dims, accepted, listed=False)}
-    if capability[0] == _BLACKWELL_MAJOR:
+    if capability[0] == BLACKWELL_MAJOR:
         reasons["TRTLLM_RAGGED"] = _reasons(dtype, dims, _TRTLLM_RAGGED_DIMS)
         reasons["FLASHINFER"] = _reasons(dtype, dims, _FLASHINFER_DIMS)
         reasons["TOKENSPEED_MLA"] = _reasons(
@@ -103,7 +104,7 @@ def _reasons(
     (every backend tried on a GPU takes it), dtype, a package not installed, dims.
     FlashAttention checks its dims in code, so its reason lists none (`listed=False`); the
     others name their `supported_mla_dimensions`."""
-    reasons = [] if dtype in _PREFILL_DTYPES else [f"dtype torch.{dtype} not supported"]
+    reasons = [] if dtype in MLA_DTYPES else [f"dtype torch.{dtype} not supported"]
     if missing_package is not None:
         reasons.append(missing_package)
     if dims not in accepted:
